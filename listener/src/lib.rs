@@ -1,0 +1,1 @@
+//! The scale-set listener.

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Builds the upstream binaries the tests run against, from their Go modules, at pinned versions:
+# kube-apiserver and kube-controller-manager (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3)
+# and helm (helm.sh/helm/v3). They land in a cache outside the repository and are reused when present.
+#
+# Usage: tests/env/provision.sh [--print-dir]
+#   Prints the assets directory (envtest's KUBEBUILDER_ASSETS convention) on its last line.
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+
+cache_root="${ARC_RS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/arc-rs}"
+assets="$cache_root/k8s-$K8S_VERSION"
+bins=(kube-apiserver kube-controller-manager etcd helm)
+
+log() { printf '[provision] %s\n' "$*" >&2; }
+
+have_all() {
+  local b
+  for b in "${bins[@]}"; do [ -x "$assets/$b" ] || return 1; done
+}
+
+if have_all; then
+  echo "$assets"
+  exit 0
+fi
+
+command -v go >/dev/null || { log "go is not installed; it is needed once to build the control plane"; exit 1; }
+mkdir -p "$assets"
+# Several test binaries may provision at once; one builds, the others wait and reuse.
+exec 9>"$assets/.lock"
+flock 9
+if have_all; then echo "$assets"; exit 0; fi
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/arc-rs-provision.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+export GOFLAGS="-mod=mod -buildvcs=false"
+export CGO_ENABLED=0
+
+build_k8s() {
+  [ -x "$assets/kube-apiserver" ] && [ -x "$assets/kube-controller-manager" ] && return 0
+  log "building kube-apiserver and kube-controller-manager $K8S_VERSION (cold: ~10-25 min on 2 cores)"
+  local dir="$work/k8s" minor staging_version
+  mkdir -p "$dir"
+  # k8s.io/kubernetes replaces its staging modules with ./staging paths; a consumer must pin each of
+  # them to the published v0.X.Y that matches v1.X.Y.
+  staging_version="v0.${K8S_VERSION#v1.}"
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  curl -fsSL "${GOPROXY_URL:-https://proxy.golang.org}/k8s.io/kubernetes/@v/$K8S_VERSION.mod" -o "$dir/upstream.mod"
+  {
+    echo "module arc-rs/provision/k8s"
+    echo
+    echo "go 1.26"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    grep -oE 'k8s.io/[a-z0-9-]+ => \./staging' "$dir/upstream.mod" | awk '{print $1}' | while read -r m; do
+      # Modules k8s never publishes (e.g. sample-cli-plugin) are not in the build graph.
+      if go list -m "$m@$staging_version" >/dev/null 2>&1; then
+        echo "	$m => $m $staging_version"
+      fi
+    done
+    echo ")"
+  } >"$dir/go.mod"
+  cat >"$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+GO
+  local ldflags="-s -w"
+  ldflags+=" -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
+  ldflags+=" -X k8s.io/component-base/version.gitMinor=$minor"
+  ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  (cd "$dir" && go get "k8s.io/kubernetes@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" >&2 \
+    && go build -trimpath -ldflags "$ldflags" -o "$dir/out/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager >&2)
+  mv "$dir/out/kube-apiserver" "$dir/out/kube-controller-manager" "$assets/"
+}
+
+build_etcd() {
+  [ -x "$assets/etcd" ] && return 0
+  log "building etcd $ETCD_VERSION"
+  local dir="$work/etcd"
+  mkdir -p "$dir"
+  # etcd's own main module carries replace directives, so `go install` cannot build it; this
+  # two-line main calls the server's entry point, exactly what etcd's main.go does.
+  cat >"$dir/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  printf 'module arc-rs/provision/etcd\n\ngo 1.26\n' >"$dir/go.mod"
+  (cd "$dir" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 && go mod tidy >&2 \
+    && go build -trimpath -ldflags "-s -w" -o "$dir/etcd" . >&2)
+  mv "$dir/etcd" "$assets/etcd"
+}
+
+build_helm() {
+  [ -x "$assets/helm" ] && return 0
+  log "building helm $HELM_VERSION"
+  GOBIN="$work/helm-bin" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+  mv "$work/helm-bin/helm" "$assets/helm"
+}
+
+build_etcd
+build_helm
+build_k8s
+
+have_all || { log "provisioning did not produce every binary in $assets"; exit 1; }
+log "ready: $assets"
+echo "$assets"

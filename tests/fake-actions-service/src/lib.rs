@@ -1,0 +1,1 @@
+//! A stateful fake of the GitHub Actions Service.
