@@ -1,0 +1,292 @@
+//! etcd + kube-apiserver + kube-controller-manager on free loopback ports, in a temporary directory.
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::ChildStdin;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+
+use crate::Error;
+use crate::assets;
+use crate::pki::Pki;
+use crate::process::{Supervised, remove_dir_when_process_exits};
+
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A running control plane. Its processes stop when the test process exits, however it exits.
+pub struct ControlPlane {
+    dir: PathBuf,
+    server: String,
+    kubeconfig: PathBuf,
+    config: kube::Config,
+    processes: Mutex<Vec<Supervised>>,
+    _cleanup: ChildStdin,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("dir", &self.dir)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager and waits until all three serve.
+    pub async fn start() -> Result<Self, Error> {
+        let etcd_bin = assets::binary("etcd")?;
+        let apiserver_bin = assets::binary("kube-apiserver")?;
+        let kcm_bin = assets::binary("kube-controller-manager")?;
+
+        let dir = tempfile::Builder::new()
+            .prefix("arc-rs-control-plane-")
+            .tempdir()
+            .map_err(Error::CreateTempDir)?
+            .keep();
+        let cleanup = remove_dir_when_process_exits(&dir)?;
+        let pki = Pki::generate()?;
+        let file = |name: &str, contents: &str| -> Result<PathBuf, Error> {
+            let path = dir.join(name);
+            std::fs::write(&path, contents).map_err(|source| Error::WriteFile {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(path)
+        };
+        let ca = file("ca.crt", &pki.ca_cert)?;
+        let serving_cert = file("apiserver.crt", &pki.serving_cert)?;
+        let serving_key = file("apiserver.key", &pki.serving_key)?;
+        let admin_cert = file("admin.crt", &pki.admin_cert)?;
+        let admin_key = file("admin.key", &pki.admin_key)?;
+        let sa_key = file("service-account.key", &pki.service_account_key)?;
+        // The API server reads verification keys only from PUBLIC KEY / RSA blocks, not from PKCS#8.
+        let sa_pub = file("service-account.pub", &pki.service_account_public_key)?;
+
+        let [etcd_client, etcd_peer, apiserver_port] = free_ports()?;
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let kubeconfig = file(
+            "kubeconfig",
+            &kubeconfig_json(&server, &ca, &admin_cert, &admin_key),
+        )?;
+
+        let mut processes = Vec::new();
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let etcd_data = dir.join("etcd");
+        processes.push(Supervised::spawn(
+            "etcd",
+            &etcd_bin,
+            &args(&[
+                ("--name", "default"),
+                ("--data-dir", &path_str(&etcd_data)),
+                ("--listen-client-urls", &etcd_url),
+                ("--advertise-client-urls", &etcd_url),
+                ("--listen-peer-urls", &peer_url),
+                ("--initial-advertise-peer-urls", &peer_url),
+                ("--initial-cluster", &format!("default={peer_url}")),
+                // Test data is disposable; fsync dominates etcd latency on small VMs.
+                ("--unsafe-no-fsync", "true"),
+                ("--log-level", "warn"),
+            ]),
+            &dir.join("etcd.log"),
+        )?);
+        wait_for_port(&mut processes[0], etcd_client).await?;
+
+        processes.push(Supervised::spawn(
+            "kube-apiserver",
+            &apiserver_bin,
+            &args(&[
+                ("--etcd-servers", &etcd_url),
+                ("--bind-address", "127.0.0.1"),
+                ("--advertise-address", "127.0.0.1"),
+                ("--secure-port", &apiserver_port.to_string()),
+                ("--cert-dir", &path_str(&dir.join("apiserver-certs"))),
+                ("--tls-cert-file", &path_str(&serving_cert)),
+                ("--tls-private-key-file", &path_str(&serving_key)),
+                ("--client-ca-file", &path_str(&ca)),
+                // RBAC for real, so the security tests' SubjectAccessReviews mean something.
+                ("--authorization-mode", "RBAC"),
+                (
+                    "--service-account-issuer",
+                    "https://kubernetes.default.svc.cluster.local",
+                ),
+                ("--service-account-key-file", &path_str(&sa_pub)),
+                ("--service-account-signing-key-file", &path_str(&sa_key)),
+                ("--service-cluster-ip-range", "10.0.0.0/24"),
+                // The dind container mode needs privileged pods.
+                ("--allow-privileged", "true"),
+                ("--v", "1"),
+            ]),
+            &dir.join("kube-apiserver.log"),
+        )?);
+
+        let kube_options = KubeConfigOptions::default();
+        let kc = Kubeconfig::read_from(&kubeconfig).map_err(Error::Kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &kube_options)
+            .await
+            .map_err(Error::Kubeconfig)?;
+        let client = Client::try_from(config.clone()).map_err(Error::Kube)?;
+        wait_until_ready(&mut processes[1], &client).await?;
+
+        processes.push(Supervised::spawn(
+            "kube-controller-manager",
+            &kcm_bin,
+            &args(&[
+                ("--kubeconfig", &path_str(&kubeconfig)),
+                ("--authentication-kubeconfig", &path_str(&kubeconfig)),
+                ("--authorization-kubeconfig", &path_str(&kubeconfig)),
+                ("--secure-port", "0"),
+                ("--leader-elect", "false"),
+                ("--service-account-private-key-file", &path_str(&sa_key)),
+                ("--root-ca-file", &path_str(&ca)),
+                ("--use-service-account-credentials", "false"),
+                ("--cluster-signing-cert-file", &path_str(&ca)),
+                ("--v", "1"),
+            ]),
+            &dir.join("kube-controller-manager.log"),
+        )?);
+        // The service-account controller creating `default/default` proves the controller-manager works.
+        wait_for_default_service_account(&mut processes[2], &client, "default").await?;
+
+        Ok(Self {
+            dir,
+            server,
+            kubeconfig,
+            config,
+            processes: Mutex::new(processes),
+            _cleanup: cleanup,
+        })
+    }
+
+    /// A new client; one per test, since a client is tied to the tokio runtime that first uses it.
+    pub fn client(&self) -> Result<Client, Error> {
+        Client::try_from(self.config.clone()).map_err(Error::Kube)
+    }
+
+    /// The admin `kube::Config`.
+    pub fn config(&self) -> &kube::Config {
+        &self.config
+    }
+
+    /// A kubeconfig file with admin credentials, for `helm` and other processes.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The API server URL.
+    pub fn server_url(&self) -> &str {
+        &self.server
+    }
+
+    /// The directory holding certificates, the etcd data and the three logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Names of components that have exited, with their log tails; empty while all run.
+    pub fn exited_components(&self) -> Vec<String> {
+        let mut procs = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        procs
+            .iter_mut()
+            .filter_map(|p| {
+                p.exited()
+                    .map(|status| format!("{} exited ({status}):\n{}", p.name(), p.log_tail(2000)))
+            })
+            .collect()
+    }
+}
+
+fn args(pairs: &[(&str, &str)]) -> Vec<String> {
+    pairs.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn kubeconfig_json(server: &str, ca: &Path, cert: &Path, key: &Path) -> String {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "arc-rs", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": "admin", "user": {"client-certificate": cert, "client-key": key}}],
+        "contexts": [{"name": "arc-rs", "context": {"cluster": "arc-rs", "user": "admin"}}],
+        "current-context": "arc-rs",
+    })
+    .to_string()
+}
+
+/// Ports the kernel considers free right now. Held together while choosing so the three differ.
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Error::AllocatePort)?;
+    let mut ports = [0u16; N];
+    for (port, l) in ports.iter_mut().zip(&listeners) {
+        *port = l.local_addr().map_err(Error::AllocatePort)?.port();
+    }
+    Ok(ports)
+}
+
+fn not_ready(process: &mut Supervised, what: &str) -> Error {
+    let state = match process.exited() {
+        Some(status) => format!("exited ({status})"),
+        None => format!("not ready after {}s", START_TIMEOUT.as_secs()),
+    };
+    Error::NotReady {
+        component: process.name().to_owned(),
+        detail: format!("{what}: {state}"),
+        log_tail: process.log_tail(4000),
+    }
+}
+
+async fn wait_for_port(process: &mut Supervised, port: u16) -> Result<(), Error> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline && process.exited().is_none() {
+        if TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(not_ready(process, &format!("port {port}")))
+}
+
+async fn wait_until_ready(process: &mut Supervised, client: &Client) -> Result<(), Error> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline && process.exited().is_none() {
+        let req = http::Request::get("/readyz").body(Vec::new());
+        if let Ok(req) = req
+            && let Ok(body) = client.request_text(req).await
+            && body.trim() == "ok"
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(not_ready(process, "/readyz"))
+}
+
+pub(crate) async fn wait_for_default_service_account(
+    process: &mut Supervised,
+    client: &Client,
+    namespace: &str,
+) -> Result<(), Error> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    while Instant::now() < deadline && process.exited().is_none() {
+        if let Ok(Some(_)) = api.get_opt("default").await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(not_ready(
+        process,
+        &format!("service account {namespace}/default"),
+    ))
+}
