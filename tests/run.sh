@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project, as CI does: provisions the control-plane binaries (built once
+# from their Go modules, then cached), then formatting, lints, all tests against the real control plane and
+# the fake Actions Service, and the CRD compatibility check against ARC 0.14.2.
+#
+# Usage: tests/run.sh [extra cargo test args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "control-plane binaries (tests/env/provision.sh)"
+KUBEBUILDER_ASSETS="$(tests/env/provision.sh | tail -n 1)"
+export KUBEBUILDER_ASSETS
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked "$@"
+
+step "CRD compatibility with ARC 0.14.2"
+crd_compat="../shared/tools/crd-compat"
+if [ -x "$crd_compat" ]; then
+  "$crd_compat" charts/gha-runner-scale-set-controller/crds
+else
+  echo "error: $crd_compat not found; the shared tools are expected beside the repository" >&2
+  exit 1
+fi
+
+step "all checks passed"
