@@ -56,6 +56,9 @@ pub enum Error {
         source: Box<serde_saphyr::Error>,
     },
 
+    #[error("`helm {args}` succeeded, but a failure was expected")]
+    HelmSucceeded { args: String },
+
     #[error("no {kind} named {name} among the rendered objects: {present:?}")]
     FindObject {
         kind: String,
@@ -274,6 +277,26 @@ impl Template {
 
     /// Runs `helm template` and parses every rendered object.
     pub fn render(&self) -> Result<Manifests> {
+        let (args, output) = self.run()?;
+        Manifests::parse(&output).map_err(|source| Error::ParseManifests {
+            args: display_args(&args),
+            source,
+        })
+    }
+
+    /// Runs `helm template` expecting it to fail, and returns helm's error output (which holds
+    /// the chart's `fail` message).
+    pub fn render_error(&self) -> Result<String> {
+        match self.run() {
+            Ok((args, _)) => Err(Error::HelmSucceeded {
+                args: display_args(&args),
+            }),
+            Err(Error::HelmFailed { stderr, .. }) => Ok(stderr),
+            Err(other) => Err(other),
+        }
+    }
+
+    fn run(&self) -> Result<(Vec<OsString>, String)> {
         // The values files must outlive the helm run.
         let mut files = Vec::with_capacity(self.values.len());
         let mut args: Vec<OsString> = vec![
@@ -312,10 +335,7 @@ impl Template {
         }
         let output = run_helm(args.clone())?;
         drop(files);
-        Manifests::parse(&output).map_err(|source| Error::ParseManifests {
-            args: display_args(&args),
-            source,
-        })
+        Ok((args, output))
     }
 }
 

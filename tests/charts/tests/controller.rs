@@ -24,13 +24,9 @@ fn render(template: Template) -> Manifests {
 }
 
 fn render_error(template: Template) -> String {
-    match template.render() {
-        Ok(_) => panic!("render succeeded, expected a failure"),
-        Err(error) => error
-            .helm_stderr()
-            .unwrap_or_else(|| panic!("helm did not run: {error}"))
-            .to_owned(),
-    }
+    template
+        .render_error()
+        .unwrap_or_else(|e| panic!("expected a helm failure: {e}"))
 }
 
 fn deployment(manifests: &Manifests) -> &Value {

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use base64::Engine as _;
 use chart_tests::{Chart, Manifests, Template};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -50,13 +51,9 @@ fn render(template: Template) -> Manifests {
 }
 
 fn render_error(template: Template) -> String {
-    match template.render() {
-        Ok(_) => panic!("render succeeded, expected a failure"),
-        Err(error) => error
-            .helm_stderr()
-            .unwrap_or_else(|| panic!("helm did not run: {error}"))
-            .to_owned(),
-    }
+    template
+        .render_error()
+        .unwrap_or_else(|e| panic!("expected a helm failure: {e}"))
 }
 
 fn assert_fails(template: Template, message: &str) {
@@ -115,25 +112,7 @@ fn assert_protected(object: &Value) {
 }
 
 fn b64(text: &str) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let bytes = text.as_bytes();
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    base64::engine::general_purpose::STANDARD.encode(text)
 }
 
 // ---- Lint and the reference values files ----
