@@ -484,6 +484,8 @@ pub fn classify_response(
         (401, _) => ErrorKind::Unauthorized,
         (403, _) => ErrorKind::Forbidden,
         (429, _) => ErrorKind::RateLimited,
+        // 501 Not Implemented will not change on a retry; the transport does not retry it either.
+        (501, _) => ErrorKind::UnexpectedStatus,
         (500..=599, _) => ErrorKind::ServerError,
         _ => ErrorKind::UnexpectedStatus,
     }
@@ -560,6 +562,7 @@ mod tests {
             ),
             (Op::GetRunnerScaleSet, 429, None, K::RateLimited),
             (Op::GetRunnerScaleSet, 503, None, K::ServerError),
+            (Op::GetRunnerScaleSet, 501, None, K::UnexpectedStatus),
             (
                 Op::DeleteRunnerScaleSet,
                 400,

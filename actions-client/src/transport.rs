@@ -480,8 +480,14 @@ impl Transport {
             .request(request.method.clone(), request.url.clone())
             .headers(request.headers.clone())
             .timeout(timeout);
-        if let Some(body) = &request.body {
-            builder = builder.body(body.clone());
+        match &request.body {
+            Some(body) if !body.is_empty() => builder = builder.body(body.clone()),
+            // An empty POST/PUT/PATCH carries `Content-Length: 0`, as Go's client sends it; some proxies and
+            // servers answer 411 Length Required without it.
+            _ if matches!(request.method, Method::POST | Method::PUT | Method::PATCH) => {
+                builder = builder.header(http::header::CONTENT_LENGTH, 0);
+            }
+            _ => {}
         }
         let response = builder.send().await.map_err(AttemptFailure::Transport)?;
         let status = response.status();
