@@ -708,6 +708,11 @@ fn health_probe_bind_address_adds_probes() {
         c["readinessProbe"],
         json!({"httpGet": {"path": "/readyz", "port": 8081}, "initialDelaySeconds": 5, "periodSeconds": 10})
     );
+    let stderr = render_error(chart().set("flags.healthProbeBindAddress", "localhost"));
+    assert!(
+        stderr.contains("Values.flags.healthProbeBindAddress must end with a numeric port"),
+        "{stderr}"
+    );
 }
 
 #[test]
