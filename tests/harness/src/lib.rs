@@ -13,6 +13,7 @@
 
 mod assets;
 mod control_plane;
+mod crds;
 mod pki;
 pub mod process;
 
@@ -27,6 +28,7 @@ use tokio::sync::OnceCell;
 
 pub use assets::{K8S_VERSION, PROVISION_COMMAND, assets_dir, binary};
 pub use control_plane::ControlPlane;
+pub use crds::{FIELD_MANAGER, apply_crds};
 
 /// Everything that can go wrong while starting the control plane.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,8 @@ pub enum Error {
     Kubeconfig(#[source] kube::config::KubeconfigError),
     #[error("talking to the API server")]
     Kube(#[source] kube::Error),
+    #[error("CustomResourceDefinition {name} was not Established within {timeout:?}")]
+    CrdNotEstablished { name: String, timeout: Duration },
     #[error("namespace {namespace} got no default service account within {timeout:?}")]
     NamespaceNotReady {
         namespace: String,
