@@ -159,7 +159,9 @@ pub enum ErrorKind {
     SessionNotFound,
     /// 404 on a scale-set endpoint, or a `RunnerScaleSetNotFoundException`.
     ScaleSetNotFound,
-    /// A runner group lookup found no group of that name.
+    /// 409 on scale-set create or rename: the name is taken in that runner group.
+    ScaleSetExists,
+    /// A runner group lookup found no group of that name, or a scale set named an unknown group.
     RunnerGroupNotFound,
     /// A lookup by name matched more than one object.
     AmbiguousName,
@@ -218,6 +220,7 @@ impl ErrorKind {
             Self::SessionConflict => "session conflict",
             Self::SessionNotFound => "message session not found",
             Self::ScaleSetNotFound => "runner scale set not found",
+            Self::ScaleSetExists => "runner scale set already exists",
             Self::RunnerGroupNotFound => "runner group not found",
             Self::AmbiguousName => "more than one object has that name",
             Self::UnsupportedMessageType => "unsupported message type",
@@ -460,6 +463,14 @@ pub fn classify_response(
                 "RunnerScaleSetNotFoundException",
                 ErrorKind::ScaleSetNotFound,
             ),
+            (
+                "RunnerScaleSetSessionExpiredException",
+                ErrorKind::SessionNotFound,
+            ),
+            (
+                "RunnerGroupNotFoundException",
+                ErrorKind::RunnerGroupNotFound,
+            ),
         ];
         if let Some((_, kind)) = by_name.iter().find(|(needle, _)| name.contains(needle)) {
             return *kind;
@@ -470,6 +481,7 @@ pub fn classify_response(
         (401, op) if op.uses_message_queue_token() => ErrorKind::MessageQueueTokenExpired,
         (409, Op::CreateMessageSession) => ErrorKind::SessionConflict,
         (409, Op::GenerateJitRunnerConfig) => ErrorKind::RunnerExists,
+        (409, Op::CreateRunnerScaleSet | Op::UpdateRunnerScaleSet) => ErrorKind::ScaleSetExists,
         (404, Op::RefreshMessageSession | Op::DeleteMessageSession) => ErrorKind::SessionNotFound,
         (404, Op::GetRunner | Op::RemoveRunner) => ErrorKind::RunnerNotFound,
         (
@@ -561,6 +573,24 @@ mod tests {
                 K::ScaleSetNotFound,
             ),
             (Op::GetRunnerScaleSet, 429, None, K::RateLimited),
+            (
+                Op::CreateRunnerScaleSet,
+                409,
+                Some("X.RunnerScaleSetExistsException"),
+                K::ScaleSetExists,
+            ),
+            (
+                Op::CreateRunnerScaleSet,
+                404,
+                Some("X.RunnerGroupNotFoundException, Y"),
+                K::RunnerGroupNotFound,
+            ),
+            (
+                Op::DeleteMessageSession,
+                400,
+                Some("X.RunnerScaleSetSessionExpiredException"),
+                K::SessionNotFound,
+            ),
             (Op::GetRunnerScaleSet, 503, None, K::ServerError),
             (Op::GetRunnerScaleSet, 501, None, K::UnexpectedStatus),
             (
