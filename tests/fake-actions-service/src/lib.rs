@@ -185,6 +185,11 @@ impl StateHandle {
         self.counters().get(endpoint).copied().unwrap_or(0)
     }
 
+    /// Last `User-Agent` per endpoint name (`GET /_fake/user-agents`).
+    pub fn user_agents(&self) -> std::collections::BTreeMap<String, String> {
+        self.shared.read(|state| state.user_agents())
+    }
+
     /// Forget all counts (`DELETE /_fake/counters`).
     pub fn reset_counters(&self) {
         self.shared.read(State::reset_counters);

@@ -9,6 +9,9 @@ use fake_actions_service::{Config, FakeActionsService};
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
+/// The scaleset client's User-Agent shape (spec §4.3).
+pub const USER_AGENT: &str = r#"{"system":"fake-tests","version":"0.1.0","commit_sha":"NA","scale_set_id":0,"subsystem":"tests","build_version":"devel","build_commit_sha":"unknown","kind":"scaleset"}"#;
+
 /// Config for fast tests: short long polls.
 pub fn fast_config() -> Config {
     Config {
@@ -108,6 +111,7 @@ impl Tenant {
             .http
             .request(method, url)
             .header("Content-Type", "application/json")
+            .header("User-Agent", USER_AGENT)
             .header("Authorization", format!("Bearer {token}"));
         let request = match body {
             Some(body) => request.body(body.to_string()),
