@@ -1,0 +1,140 @@
+//! Every finalizer, annotation and label key the controllers, the listener and the Helm charts share, plus
+//! container names and status phase values. The values are part of ARC's observable contract (objects created by
+//! ARC must keep working), so they must not change.
+
+/// API group of the four kinds.
+pub const GROUP: &str = "actions.github.com";
+/// The only version of the four kinds.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of the four kinds.
+pub const API_VERSION: &str = "actions.github.com/v1alpha1";
+
+// Finalizers (§2.1).
+
+/// On AutoscalingRunnerSets; removed by the ARS controller after cleanup.
+pub const AUTOSCALING_RUNNER_SET_FINALIZER: &str =
+    "autoscalingrunnerset.actions.github.com/finalizer";
+/// On AutoscalingListeners; removed by the AL controller after cleanup.
+pub const AUTOSCALING_LISTENER_FINALIZER: &str = "autoscalinglistener.actions.github.com/finalizer";
+/// On EphemeralRunnerSets; removed by the ERS controller after cleanup.
+pub const EPHEMERAL_RUNNER_SET_FINALIZER: &str = "ephemeralrunnerset.actions.github.com/finalizer";
+/// On EphemeralRunners; removed last by the ER controller.
+pub const EPHEMERAL_RUNNER_FINALIZER: &str = "ephemeralrunner.actions.github.com/finalizer";
+/// On EphemeralRunners; removed once the runner is deregistered from the Actions Service.
+pub const EPHEMERAL_RUNNER_REGISTRATION_FINALIZER: &str =
+    "ephemeralrunner.actions.github.com/runner-registration-finalizer";
+/// Put by the Helm chart on its RBAC objects, ServiceAccounts and Secrets; removed (never added) by the ARS
+/// controller when the ARS is deleted.
+pub const CLEANUP_PROTECTION_FINALIZER: &str = "actions.github.com/cleanup-protection";
+
+// Annotations (§2.2).
+
+/// Decimal scale set ID on the ARS (no prefix, as in ARC).
+pub const RUNNER_SCALE_SET_ID_ANNOTATION: &str = "runner-scale-set-id";
+/// Scale set name as returned by the Actions Service.
+pub const RUNNER_SCALE_SET_NAME_ANNOTATION: &str = "actions.github.com/runner-scale-set-name";
+/// Runner group name as returned by the Actions Service.
+pub const RUNNER_GROUP_NAME_ANNOTATION: &str = "actions.github.com/runner-group-name";
+/// Opaque hash of what an object was built from, used to detect changes.
+pub const INTEGRITY_HASH_ANNOTATION: &str = "actions.github.com/integrity-hash";
+/// The ERS `spec.patchID` at the moment an ER was created.
+pub const PATCH_ID_ANNOTATION: &str = "actions.github.com/patch-id";
+/// Set by Helm on the ARS: RoleBinding whose cleanup-protection finalizer is removed at ARS deletion.
+pub const CLEANUP_MANAGER_ROLE_BINDING_ANNOTATION: &str =
+    "actions.github.com/cleanup-manager-role-binding";
+/// Set by Helm on the ARS: manager Role to release at ARS deletion.
+pub const CLEANUP_MANAGER_ROLE_NAME_ANNOTATION: &str =
+    "actions.github.com/cleanup-manager-role-name";
+/// Set by Helm on the ARS: kubernetes-mode Role to release at ARS deletion.
+pub const CLEANUP_KUBERNETES_MODE_ROLE_NAME_ANNOTATION: &str =
+    "actions.github.com/cleanup-kubernetes-mode-role-name";
+/// Set by Helm on the ARS: kubernetes-mode RoleBinding to release at ARS deletion.
+pub const CLEANUP_KUBERNETES_MODE_ROLE_BINDING_NAME_ANNOTATION: &str =
+    "actions.github.com/cleanup-kubernetes-mode-role-binding-name";
+/// Set by Helm on the ARS: kubernetes-mode ServiceAccount to release at ARS deletion.
+pub const CLEANUP_KUBERNETES_MODE_SERVICE_ACCOUNT_NAME_ANNOTATION: &str =
+    "actions.github.com/cleanup-kubernetes-mode-service-account-name";
+/// Set by Helm on the ARS: GitHub credentials Secret to release at ARS deletion.
+pub const CLEANUP_GITHUB_SECRET_NAME_ANNOTATION: &str =
+    "actions.github.com/cleanup-github-secret-name";
+/// Set by Helm on the ARS: no-permission ServiceAccount to release at ARS deletion.
+pub const CLEANUP_NO_PERMISSION_SERVICE_ACCOUNT_NAME_ANNOTATION: &str =
+    "actions.github.com/cleanup-no-permission-service-account-name";
+/// Set by Helm on the ARS; not read by the controllers.
+pub const VALUES_HASH_ANNOTATION: &str = "actions.github.com/values-hash";
+
+// Labels (§2.3).
+
+/// `app.kubernetes.io/part-of`, value [`PART_OF_VALUE`].
+pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+/// Value of [`PART_OF_LABEL`] on everything the controllers create.
+pub const PART_OF_VALUE: &str = "gha-runner-scale-set";
+/// `app.kubernetes.io/component`, values `COMPONENT_*`.
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// [`COMPONENT_LABEL`] value on EphemeralRunnerSets.
+pub const COMPONENT_RUNNER_SET: &str = "runner-set";
+/// [`COMPONENT_LABEL`] value on AutoscalingListeners.
+pub const COMPONENT_LISTENER: &str = "runner-scale-set-listener";
+/// [`COMPONENT_LABEL`] value on EphemeralRunners.
+pub const COMPONENT_RUNNER: &str = "runner";
+/// `app.kubernetes.io/version`: read on the ARS for the version gate, copied to the ERS and AL.
+pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
+/// ARS name, on the objects derived from it.
+pub const SCALE_SET_NAME_LABEL: &str = "actions.github.com/scale-set-name";
+/// ARS namespace, on the objects derived from it.
+pub const SCALE_SET_NAMESPACE_LABEL: &str = "actions.github.com/scale-set-namespace";
+/// Enterprise part of the GitHub config URL (trimmed, see [`crate::names::url_label_value`]).
+pub const ENTERPRISE_LABEL: &str = "actions.github.com/enterprise";
+/// Organization part of the GitHub config URL.
+pub const ORGANIZATION_LABEL: &str = "actions.github.com/organization";
+/// Repository part of the GitHub config URL.
+pub const REPOSITORY_LABEL: &str = "actions.github.com/repository";
+/// AL name, on the listener Role and RoleBinding (which cannot have an owner in another namespace).
+pub const LISTENER_NAME_LABEL: &str = "auto-scaling-listener-name";
+/// AL namespace, on the listener Role and RoleBinding.
+pub const LISTENER_NAMESPACE_LABEL: &str = "auto-scaling-listener-namespace";
+/// On runner pods, value [`EPHEMERAL_RUNNER_LABEL_VALUE`].
+pub const EPHEMERAL_RUNNER_LABEL: &str = "actions-ephemeral-runner";
+/// Value of [`EPHEMERAL_RUNNER_LABEL`].
+pub const EPHEMERAL_RUNNER_LABEL_VALUE: &str = "True";
+/// Opaque hash on runner pods.
+pub const POD_TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
+/// Set by the runner's container hooks on the pods and Secrets they create (value: ER name); the ER controller
+/// deletes objects carrying it.
+pub const RUNNER_POD_LABEL: &str = "runner-pod";
+/// Never set; filtered out of label maps before hashing, as ARC does.
+pub const RUNNER_TEMPLATE_HASH_LABEL: &str = "runner-template-hash";
+
+// Containers and environment.
+
+/// Name of the runner container in runner pod templates.
+pub const RUNNER_CONTAINER_NAME: &str = "runner";
+/// Name of the listener container in the listener pod.
+pub const LISTENER_CONTAINER_NAME: &str = "listener";
+/// Environment variable of the runner container that enables container hooks.
+pub const CONTAINER_HOOKS_ENV: &str = "ACTIONS_RUNNER_CONTAINER_HOOKS";
+
+/// Values of `status.phase` (§4.1). ARS: Pending, Running, Outdated. ERS: Running, Outdated. ER: empty, Pending,
+/// Running, Succeeded, Failed, Outdated (Pending/Running/Succeeded/Failed copy the pod phase).
+pub mod phase {
+    /// Being set up.
+    pub const PENDING: &str = "Pending";
+    /// Working.
+    pub const RUNNING: &str = "Running";
+    /// The runner (or a runner of the set) reported that its version is no longer accepted.
+    pub const OUTDATED: &str = "Outdated";
+    /// ER only: finished successfully.
+    pub const SUCCEEDED: &str = "Succeeded";
+    /// ER only: failed.
+    pub const FAILED: &str = "Failed";
+}
+
+/// Values of ER `status.reason` written by the controllers besides a pod's own reason (§4.1).
+pub mod reason {
+    /// The runner pod could not be created from the template.
+    pub const INVALID_POD: &str = "InvalidPod";
+    /// The runner exited because its version is outdated.
+    pub const OUTDATED: &str = "Outdated";
+    /// Defined by ARC but never written.
+    pub const TOO_MANY_POD_FAILURES: &str = "TooManyPodFailures";
+}

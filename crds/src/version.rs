@@ -1,0 +1,96 @@
+//! The version gate: a controller only reconciles AutoscalingRunnerSets whose `app.kubernetes.io/version` label is
+//! compatible with its own build version (§1.7).
+
+/// Build version used when none is injected at build time (never compatible with a released chart).
+pub const UNKNOWN_BUILD_VERSION: &str = "NA";
+
+/// Whether an object labelled with `resource_version` may be reconciled by a controller built as
+/// `build_version`.
+///
+/// True when the build is `dev`, when both are equal, when the build is a `canary-` build, or when both parse as
+/// `MAJOR[.MINOR[.PATCH]]` (decimal, no leading zeros, no `v` prefix, no suffix; a missing minor is 0) with the
+/// same major and minor. Anything unparseable is not allowed.
+pub fn is_version_allowed(resource_version: &str, build_version: &str) -> bool {
+    if build_version == "dev"
+        || resource_version == build_version
+        || build_version.starts_with("canary-")
+    {
+        return true;
+    }
+    match (major_minor(resource_version), major_minor(build_version)) {
+        (Some(resource), Some(build)) => resource == build,
+        _ => false,
+    }
+}
+
+/// `(major, minor)` of a `MAJOR[.MINOR[.PATCH]]` version, `None` if it is not one.
+fn major_minor(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.split('.');
+    let major = parse_number(parts.next()?)?;
+    let minor = parts.next().map(parse_number).unwrap_or(Some(0))?;
+    if let Some(patch) = parts.next() {
+        parse_number(patch)?;
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((major, minor))
+}
+
+/// A decimal number without sign, leading zeros (except `0` itself) or anything else.
+fn parse_number(s: &str) -> Option<u64> {
+    let digits_only = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let leading_zero = s.len() > 1 && s.starts_with('0');
+    if !digits_only || leading_zero {
+        return None;
+    }
+    s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_examples() {
+        assert!(is_version_allowed("0.11.1", "0.11.0"));
+        assert!(!is_version_allowed("0.11.0", "0.10.0"));
+        assert!(!is_version_allowed("dev", "0.11.0"));
+        assert!(!is_version_allowed("0.11.0", UNKNOWN_BUILD_VERSION));
+    }
+
+    #[test]
+    fn dev_canary_and_equal_builds_allow_anything() {
+        assert!(is_version_allowed("anything", "dev"));
+        assert!(is_version_allowed("", "dev"));
+        assert!(is_version_allowed("0.1.0", "canary-abc123"));
+        assert!(is_version_allowed("not-a-version", "not-a-version"));
+    }
+
+    #[test]
+    fn missing_minor_is_zero_and_patch_is_ignored() {
+        assert!(is_version_allowed("1", "1.0.7"));
+        assert!(is_version_allowed("1.0", "1"));
+        assert!(!is_version_allowed("1", "1.1.0"));
+        assert!(is_version_allowed("2.3.0", "2.3.99"));
+    }
+
+    #[test]
+    fn malformed_versions_are_rejected() {
+        for bad in [
+            "v0.11.0",
+            "0.11.0-rc.1",
+            "0.011.0",
+            "00.11.0",
+            "0.11.0.1",
+            "0..1",
+            "",
+            ".1",
+            "0.11.",
+            "-1.0",
+        ] {
+            assert!(!is_version_allowed(bad, "0.11.0"), "{bad}");
+            assert!(!is_version_allowed("0.11.0", bad), "{bad}");
+        }
+    }
+}
