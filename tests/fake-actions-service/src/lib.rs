@@ -231,6 +231,11 @@ impl StateHandle {
             .mutate(|state| state.mark_runner_online(selector))
     }
 
+    /// A registered runner (`GET /_fake/runners/{id}`); 404 once deregistered.
+    pub fn runner(&self, id: i64) -> Result<RunnerView, Rejection> {
+        self.shared.read(|state| state.runner_view(id))
+    }
+
     /// Mark a runner offline (`POST /_fake/runners/{id}/offline`).
     pub fn mark_runner_offline(&self, id: i64) -> Result<RunnerView, Rejection> {
         self.shared.mutate(|state| state.mark_runner_offline(id))

@@ -134,7 +134,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/_fake/jobs/{id}/requeue", post(requeue_job))
         .route("/_fake/runners/online", post(runner_online))
         .route("/_fake/runners/{id}/offline", post(runner_offline))
-        .route("/_fake/runners/{id}", delete(deregister_runner))
+        .route("/_fake/runners/{id}", get(runner).delete(deregister_runner))
         .route(
             "/_fake/faults",
             get(faults).put(set_faults).delete(clear_faults),
@@ -376,6 +376,10 @@ async fn runner_online(AxumState(shared): SharedState, bytes: Bytes) -> Response
     let result = body::<RunnerSelector>(&bytes)
         .and_then(|selector| shared.mutate(|state| state.mark_runner_online(&selector)));
     control(result)
+}
+
+async fn runner(AxumState(shared): SharedState, Path(id): Path<i64>) -> Response {
+    control(shared.read(|state| state.runner_view(id)))
 }
 
 async fn runner_offline(AxumState(shared): SharedState, Path(id): Path<i64>) -> Response {

@@ -74,11 +74,17 @@ async fn removal_is_refused_while_the_runner_holds_a_job() {
             .contains("AgentNotFoundException")
     );
 
+    // A stand-in runner watches itself through the control API until its job is over.
+    let response = control(&base, Method::GET, &format!("runners/{runner}"), None).await;
+    assert_eq!(json_body(response).await["jobRequestId"], job);
+
     // After the job the ephemeral runner is gone; removing it is a 204 no-op.
     let response = control(&base, Method::POST, &format!("jobs/{job}/finish"), None).await;
     assert_eq!(json_body(response).await["result"], "succeeded");
     assert_eq!(remove(runner).await.status(), StatusCode::NO_CONTENT);
     assert!(handle.snapshot().runners.is_empty());
+    let response = control(&base, Method::GET, &format!("runners/{runner}"), None).await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]

@@ -1865,7 +1865,9 @@ impl State {
     // ---------------------------------------------------------------------------------------------------------
     // Views.
 
-    fn runner_view(&self, id: i64) -> Result<RunnerView, Rejection> {
+    /// A registered runner's view; 404 once it is deregistered (a stand-in runner polls this to know its
+    /// job is over).
+    pub fn runner_view(&self, id: i64) -> Result<RunnerView, Rejection> {
         let runner = self
             .runners
             .get(&id)
