@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, USER_AGENT};
+use http::header::{ACCEPT, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use jiff::Timestamp;
 use url::Url;
@@ -22,7 +22,8 @@ use crate::retry::Idempotency;
 use crate::secret::SecretString;
 use crate::session::MessageSessionClient;
 use crate::transport::{
-    HttpOptions, MAX_CAPACITY, Request, Response, SystemInfo, Transport, user_agent,
+    HttpOptions, MAX_CAPACITY, Request, Response, SystemInfo, Transport, request_headers,
+    user_agent,
 };
 use crate::urls;
 
@@ -130,35 +131,18 @@ impl ActionsClient {
         user_agent(&self.system_info())
     }
 
-    /// Builds the header map for a request; header values are checked here so a token with characters that are
-    /// illegal in a header is an error instead of a panic.
     fn headers(
         &self,
         operation: Operation,
         content_type: Option<&str>,
         authorization: Option<String>,
     ) -> Result<HeaderMap> {
-        let invalid = |what: &str| Error::InvalidRequest {
+        request_headers(
             operation,
-            reason: format!("the {what} contains characters not allowed in an HTTP header"),
-        };
-        let mut headers = HeaderMap::new();
-        if let Some(ct) = content_type {
-            headers.insert(
-                CONTENT_TYPE,
-                HeaderValue::from_str(ct).map_err(|_| invalid("content type"))?,
-            );
-        }
-        if let Some(auth) = authorization {
-            let mut value = HeaderValue::from_str(&auth).map_err(|_| invalid("credential"))?;
-            value.set_sensitive(true);
-            headers.insert(AUTHORIZATION, value);
-        }
-        headers.insert(
-            USER_AGENT,
-            HeaderValue::from_str(&self.user_agent()).map_err(|_| invalid("user agent"))?,
-        );
-        Ok(headers)
+            content_type,
+            authorization.as_deref(),
+            &self.user_agent(),
+        )
     }
 
     // ----- admin connection (§3) -----

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use backon::Retryable as _;
-use http::header::{CONTENT_TYPE, HeaderMap, HeaderName};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, USER_AGENT};
 use http::{Method, StatusCode};
 use jiff::Timestamp;
 use serde::Serialize;
@@ -86,6 +86,39 @@ pub fn user_agent(info: &SystemInfo) -> String {
     };
     // Serialising plain strings and integers cannot fail.
     serde_json::to_string(&ua).unwrap_or_default()
+}
+
+/// The headers every request carries: optional `Content-Type`, optional `Authorization` (marked sensitive so it
+/// is never logged by the HTTP stack), and the User-Agent. A value with characters not allowed in a header (e.g. a
+/// token with a newline pasted into a Secret) is an error naming the header, never a panic, and never shows the
+/// value.
+pub fn request_headers(
+    operation: Operation,
+    content_type: Option<&str>,
+    authorization: Option<&str>,
+    user_agent: &str,
+) -> Result<HeaderMap, Error> {
+    let invalid = |what: &str| Error::InvalidRequest {
+        operation,
+        reason: format!("the {what} contains characters not allowed in an HTTP header"),
+    };
+    let mut headers = HeaderMap::new();
+    if let Some(ct) = content_type {
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_str(ct).map_err(|_| invalid("content type"))?,
+        );
+    }
+    if let Some(auth) = authorization {
+        let mut value = HeaderValue::from_str(auth).map_err(|_| invalid("credential"))?;
+        value.set_sensitive(true);
+        headers.insert(AUTHORIZATION, value);
+    }
+    headers.insert(
+        USER_AGENT,
+        HeaderValue::from_str(user_agent).map_err(|_| invalid("user agent"))?,
+    );
+    Ok(headers)
 }
 
 /// Time limits. Every call has a deadline, so no call can hold a worker for longer than `call` (or
@@ -535,6 +568,41 @@ mod tests {
             )
         );
         assert!(http::HeaderValue::from_str(&user_agent(&SystemInfo::default())).is_ok());
+    }
+
+    #[test]
+    fn request_headers_table() {
+        let op = Operation::GetMessage;
+        let headers =
+            request_headers(op, Some("application/json"), Some("Bearer abc"), "{}").expect("valid");
+        assert_eq!(
+            headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes),
+            Some(b"application/json".as_slice())
+        );
+        let auth = headers.get(AUTHORIZATION).expect("authorization");
+        assert!(auth.is_sensitive());
+        assert_eq!(
+            headers.get(USER_AGENT).map(HeaderValue::as_bytes),
+            Some(b"{}".as_slice())
+        );
+
+        let bare = request_headers(op, None, None, "ua").expect("valid");
+        assert_eq!(bare.len(), 1, "only the User-Agent");
+
+        let err =
+            request_headers(op, None, Some("Bearer tok\nen-secret"), "ua").expect_err("newline");
+        let text = err.to_string();
+        assert!(
+            text.contains("credential") && !text.contains("en-secret"),
+            "{text}"
+        );
+        assert!(matches!(
+            err,
+            Error::InvalidRequest {
+                operation: Operation::GetMessage,
+                ..
+            }
+        ));
     }
 
     fn response(status: u16, content_type: Option<&str>, body: &str) -> Response {

@@ -779,3 +779,32 @@ async fn message_session_refreshes_once_on_401() {
         "one try, one retry"
     );
 }
+
+#[tokio::test]
+async fn debug_output_of_a_client_reveals_no_secret() {
+    let server = MockServer::start(|r, _| (r.path() == SCALE_SETS).then(empty_list)).await;
+    let mut options = test_options(0);
+    options.http.proxy = ProxyConfig::Explicit(ProxySettings {
+        http: Some(ProxyServer::new("http://u:url-secret@proxy.invalid:3128")),
+        https: Some(
+            ProxyServer::new("http://proxy.invalid:3128")
+                .with_credentials("u", SecretString::new("pw-secret")),
+        ),
+        no_proxy: Vec::new(),
+    });
+    let client = pat_client(&server.org_url(), options);
+    client
+        .get_runner_scale_set(1, "x")
+        .await
+        .expect("loopback goes direct");
+    let printed = format!("{client:?}");
+    for secret in [
+        "url-secret",
+        "pw-secret",
+        "ghp_test",
+        "registration-token",
+        "eyJ",
+    ] {
+        assert!(!printed.contains(secret), "{secret} leaked: {printed}");
+    }
+}
