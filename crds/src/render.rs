@@ -12,7 +12,8 @@ use crate::{
 /// Where the generated CRD files live, relative to the workspace root.
 pub const CRD_DIR: &str = "charts/gha-runner-scale-set-controller/crds";
 
-/// First line of every generated file.
+/// Comment at the top of every generated file's document (inside it, after `---`, so tools that split YAML
+/// streams never see a comment-only document).
 const HEADER: &str = "# Generated from the Rust types in crds/src by `cargo run -p crds --bin crdgen`. Do not edit.\n";
 
 /// The CRD of `K` as it is installed: kube's derived CRD with the schema finalized ([`schema::finalize`]), the
@@ -50,13 +51,13 @@ pub fn crd_file_name(crd: &CustomResourceDefinition) -> String {
     format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
 }
 
-/// A CRD as the YAML document written to its file (a header comment, then the object).
+/// A CRD as the YAML document written to its file (`---`, a header comment, then the object).
 pub fn render_crd(crd: &CustomResourceDefinition) -> Result<String, Error> {
     let yaml = serde_saphyr::to_string(crd).map_err(|source| Error::RenderCrd {
         name: crd.metadata.name.clone().unwrap_or_default(),
         source,
     })?;
-    Ok(format!("{HEADER}---\n{yaml}"))
+    Ok(format!("---\n{HEADER}{yaml}"))
 }
 
 /// Every CRD file: `(file name, content)`.

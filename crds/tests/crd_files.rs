@@ -37,7 +37,7 @@ fn rendered_yaml_reads_back_as_the_same_crds() {
             format!("actions.github.com_{}.yaml", crd.spec.names.plural)
         );
         assert!(
-            yaml.starts_with("# Generated"),
+            yaml.starts_with("---\n# Generated"),
             "{name} starts with the generated-file header"
         );
         let parsed: CustomResourceDefinition = serde_saphyr::from_str(&yaml).expect("valid YAML");
