@@ -14,15 +14,15 @@
 //! # }
 //! ```
 
-pub mod api;
-pub mod auth;
+mod api;
+mod auth;
 pub mod config;
 pub mod control;
 pub mod error;
 pub mod faults;
-pub mod rng;
+mod rng;
 pub mod routes;
-pub mod server;
+mod server;
 pub mod state;
 pub mod wire;
 

@@ -35,6 +35,8 @@ pub const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
 /// The only message type clients accept (§5.14).
 pub const MESSAGE_TYPE: &str = "RunnerScaleSetJobMessages";
 const DEFAULT_GROUP_ID: i64 = 1;
+/// Bounds one enqueue call, so a typo cannot make the fake allocate for minutes.
+const MAX_JOBS_PER_ENQUEUE: u32 = 100_000;
 const DEFAULT_GROUP_NAME: &str = "Default";
 
 const JOB_AVAILABLE: &str = "JobAvailable";
@@ -1524,6 +1526,12 @@ impl State {
 
     /// Enqueue jobs (one workflow run) for a scale set; each is offered with `JobAvailable`.
     pub fn enqueue_jobs(&mut self, request: &EnqueueJobs) -> Result<Vec<i64>, Rejection> {
+        if request.count > MAX_JOBS_PER_ENQUEUE {
+            return Err(Rejection::new(
+                400,
+                format!("count {} is above {MAX_JOBS_PER_ENQUEUE}", request.count),
+            ));
+        }
         let scale_set = self.resolve_scale_set(
             request.scale_set_id,
             request.scale_set_name.as_deref(),

@@ -640,6 +640,22 @@ fn cancel_of_unacquired_job_sends_nothing_and_cannot_be_acquired() {
 }
 
 #[test]
+fn enqueue_count_is_bounded() {
+    let mut state = state();
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let error = state
+        .enqueue_jobs(&EnqueueJobs {
+            scale_set_id: Some(set),
+            count: MAX_JOBS_PER_ENQUEUE + 1,
+            ..EnqueueJobs::default()
+        })
+        .unwrap_err();
+    assert_eq!(error.status, 400);
+    assert!(state.jobs.is_empty());
+}
+
+#[test]
 fn lifecycle_transitions_are_guarded() {
     let mut state = state();
     let (tenant, _) = register(&mut state);
