@@ -9,48 +9,71 @@ use http::{Method, StatusCode};
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why a config URL was rejected.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a config URL was rejected (a reason inside [`Error::ParseConfigUrl`], not an error of its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigUrlProblem {
     /// The text is not a URL at all.
-    #[error("not a URL: {0}")]
     NotAUrl(String),
     /// The URL has no host.
-    #[error("the URL has no host")]
     NoHost,
     /// The path has the wrong number of segments.
-    #[error("invalid config URL, should point to an enterprise, org, or repository")]
     NotAScope,
 }
 
-/// Why a GitHub App private key was rejected.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+impl fmt::Display for ConfigUrlProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotAUrl(reason) => write!(f, "not a URL: {reason}"),
+            Self::NoHost => f.write_str("the URL has no host"),
+            Self::NotAScope => {
+                f.write_str("invalid config URL, should point to an enterprise, org, or repository")
+            }
+        }
+    }
+}
+
+/// Why a GitHub App private key was rejected (a reason inside [`Error::LoadAppPrivateKey`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyProblem {
     /// No `-----BEGIN ...-----` block was found.
-    #[error("no PEM block found; expected a PEM-encoded RSA private key")]
     NotPem,
     /// The PEM block's base64 body does not decode.
-    #[error("the PEM block's body is not valid base64")]
     BadBase64,
     /// The key is password-protected.
-    #[error("the key is encrypted; an unencrypted RSA private key is required")]
     Encrypted,
     /// The PEM holds a public key or a certificate.
-    #[error("the PEM block is a {0}, not a private key")]
     NotAPrivateKey(String),
     /// The key is a private key of another algorithm.
-    #[error("the key is a {0} key; GitHub App keys are RSA")]
     NotRsa(&'static str),
     /// A PEM label no parser understands, e.g. `OPENSSH PRIVATE KEY`.
-    #[error(
-        "unsupported PEM label {0:?}; expected RSA PRIVATE KEY (PKCS#1) or PRIVATE KEY (PKCS#8)"
-    )]
     UnsupportedLabel(String),
     /// The key decoded but signing with it failed (a damaged key).
-    #[error("the RSA key is malformed: {0}")]
     Malformed(String),
+}
+
+impl fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotPem => {
+                f.write_str("no PEM block found; expected a PEM-encoded RSA private key")
+            }
+            Self::BadBase64 => f.write_str("the PEM block's body is not valid base64"),
+            Self::Encrypted => {
+                f.write_str("the key is encrypted; an unencrypted RSA private key is required")
+            }
+            Self::NotAPrivateKey(what) => write!(f, "the PEM block is a {what}, not a private key"),
+            Self::NotRsa(algorithm) => {
+                write!(f, "the key is a {algorithm} key; GitHub App keys are RSA")
+            }
+            Self::UnsupportedLabel(label) => write!(
+                f,
+                "unsupported PEM label {label:?}; expected RSA PRIVATE KEY (PKCS#1) or PRIVATE KEY (PKCS#8)"
+            ),
+            Self::Malformed(reason) => write!(f, "the RSA key is malformed: {reason}"),
+        }
+    }
 }
 
 /// The operation a request was made for. Its [`Operation::as_str`] form is a bounded metric label.

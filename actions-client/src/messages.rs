@@ -174,15 +174,19 @@ impl RunnerScaleSetMessage {
     }
 }
 
-/// Why a message could not be used.
-#[derive(Debug, thiserror::Error)]
+/// Why a message could not be used; the client turns it into an [`crate::Error`] with the response's details.
+#[derive(Debug)]
 pub enum MessageProblem {
     /// The envelope's `messageType` is not [`RUNNER_SCALE_SET_JOB_MESSAGES`].
-    #[error("unsupported message type {0:?}")]
     UnsupportedType(String),
-    /// The envelope or one job message does not decode.
-    #[error("decoding the message failed: {0}")]
-    Decode(#[from] serde_json::Error),
+    /// One job message does not decode.
+    Decode(serde_json::Error),
+}
+
+impl From<serde_json::Error> for MessageProblem {
+    fn from(value: serde_json::Error) -> Self {
+        Self::Decode(value)
+    }
 }
 
 /// Parses a long-poll envelope and its `body` (§5.14): unknown job kinds are skipped, a malformed element fails

@@ -149,9 +149,16 @@ impl fmt::Display for SessionId {
 }
 
 /// The text is not a UUID in any of the accepted forms.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid UUID {0:?}")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidSessionId(String);
+
+impl fmt::Display for InvalidSessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid UUID {:?}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidSessionId {}
 
 impl FromStr for SessionId {
     type Err = InvalidSessionId;

@@ -607,8 +607,9 @@ async fn deadlines_hold_under_injected_latency() {
         .get_runner_scale_set_by_id(set.id)
         .await
         .expect_err("too slow");
+    // A 1 s deadline; the margin absorbs a loaded machine (without it the call would take over 5 s).
     assert!(
-        started.elapsed() < Duration::from_millis(1600),
+        started.elapsed() < Duration::from_secs(3),
         "{:?}",
         started.elapsed()
     );
