@@ -399,3 +399,56 @@ async fn byte_order_mark_is_sent_when_configured() {
     let bytes = response.bytes().await.unwrap();
     assert!(bytes.starts_with(b"\xEF\xBB\xBF{"), "{bytes:?}");
 }
+
+#[tokio::test]
+async fn autopilot_runs_jobs_without_a_runner_process() {
+    let fake = start(fake_actions_service::Config {
+        auto_online_runners: true,
+        auto_start_jobs: true,
+        auto_complete_after: Some(std::time::Duration::from_millis(100)),
+        ..fast_config()
+    })
+    .await;
+    let tenant = connect(&fake.base_url(), "my-org").await;
+    let set_id = tenant.create_scale_set("auto").await["id"]
+        .as_i64()
+        .unwrap();
+    let session = tenant.session(set_id).await;
+    let jobs = fake
+        .state()
+        .enqueue_jobs(&fake_actions_service::EnqueueJobs {
+            scale_set_id: Some(set_id),
+            ..Default::default()
+        })
+        .unwrap();
+    session.acquire(&tenant, &jobs).await;
+    assert_eq!(
+        tenant.jit_config(set_id, "auto-1").await.status(),
+        StatusCode::OK
+    );
+    let done = fake
+        .state()
+        .wait_for(std::time::Duration::from_secs(10), |state| {
+            state
+                .jobs
+                .iter()
+                .all(|job| job.state == JobState::Completed)
+        })
+        .await
+        .expect("the job completes by itself");
+    assert_eq!(done.jobs[0].result.as_deref(), Some("succeeded"));
+    assert!(done.runners.is_empty());
+
+    // The listener hears the whole story, in order.
+    let mut seen = Vec::new();
+    let mut last = 0;
+    while seen.len() < 4 {
+        let message = session.next_message(last).await;
+        last = message["messageId"].as_i64().unwrap();
+        seen.extend(kinds(&job_messages(&message)));
+    }
+    assert_eq!(
+        seen,
+        vec!["JobAvailable", "JobAssigned", "JobStarted", "JobCompleted"]
+    );
+}
