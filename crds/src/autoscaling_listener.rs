@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::common::{MetricsConfig, ProxyConfig, ResourceMeta, TlsConfig, VaultConfig};
 use crate::is_zero;
 
-/// Desired state of a listener. No field is schema-required; all are omitted from JSON when empty.
+// No field is schema-required; all are omitted from JSON when empty (Go `omitempty`).
+/// Desired state of a listener.
 // Every `printcolumn(...)` repeats the same keys, which clippy mistakes for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -63,7 +64,7 @@ pub struct AutoscalingListenerSpec {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = 0), transform = crate::schema::go_int)]
     pub max_runners: i64,
-    /// Idle runners kept ready; 0 is omitted from JSON.
+    /// Idle runners kept ready.
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = 0), transform = crate::schema::go_int)]
     pub min_runners: i64,

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{MetricsConfig, ProxyConfig, ResourceMeta, TlsConfig, VaultConfig};
 
-/// Desired state of a runner scale set. No field is schema-required; all are omitted from JSON when empty.
+// No field is schema-required; all are omitted from JSON when empty (Go `omitempty`).
+/// Desired state of a runner scale set.
 // Every `printcolumn(...)` repeats the same keys, which clippy mistakes for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -107,7 +108,8 @@ pub struct AutoscalingRunnerSetSpec {
     pub min_runners: Option<i64>,
 }
 
-/// Observed state, copied from the EphemeralRunnerSet. Fields are always serialised, zero values included.
+// Fields are always serialised, zero values included (not `omitempty` in ARC).
+/// Observed state, copied from the EphemeralRunnerSet.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AutoscalingRunnerSetStatus {
@@ -115,7 +117,7 @@ pub struct AutoscalingRunnerSetStatus {
     #[serde(default)]
     #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
     pub current_runners: i64,
-    /// `Pending`, `Running` or `Outdated` (see [`crate::constants::phase`]).
+    /// `Pending`, `Running` or `Outdated`.
     #[serde(default)]
     #[schemars(transform = crate::schema::no_default)]
     pub phase: String,

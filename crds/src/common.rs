@@ -39,7 +39,8 @@ pub struct ProxyConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyServerConfig {
-    /// Proxy URL. Documented as required; the schema does not enforce it (as in ARC).
+    // Documented as required; the schema does not enforce it (as in ARC).
+    /// Proxy URL.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub url: String,
     /// Name of a Secret with keys `username` and `password` (or a vault key when a vault is configured).
@@ -69,7 +70,7 @@ pub struct TlsCertificateSource {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VaultConfig {
-    /// Vault kind; the only supported value is [`VAULT_TYPE_AZURE_KEY_VAULT`].
+    /// Vault kind; the only supported value is `azure_key_vault`.
     #[serde(default, rename = "type", skip_serializing_if = "String::is_empty")]
     pub type_: String,
     /// Azure Key Vault client settings.
@@ -83,7 +84,7 @@ pub struct VaultConfig {
 /// The only vault type ARC supports.
 pub const VAULT_TYPE_AZURE_KEY_VAULT: &str = "azure_key_vault";
 
-/// Azure Key Vault client settings; all four fields are required by the schema.
+/// Azure Key Vault client settings (all four fields are required).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AzureKeyVaultConfig {

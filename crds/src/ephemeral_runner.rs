@@ -12,8 +12,9 @@ use crate::common::{ProxyConfig, ResourceMeta, TlsConfig, VaultConfig};
 use crate::constants::{CONTAINER_HOOKS_ENV, RUNNER_CONTAINER_NAME, phase};
 use crate::is_zero;
 
-/// Desired runner. The schema requires `githubConfigUrl`, `githubConfigSecret` and `runnerScaleSetId`; all
-/// fields are omitted from JSON when empty, so an object with `runnerScaleSetId` 0 cannot be stored.
+// The schema requires `githubConfigUrl`, `githubConfigSecret` and `runnerScaleSetId`; all fields are omitted
+// from JSON when empty (Go `omitempty`), so an object with `runnerScaleSetId` 0 cannot be stored, as with ARC.
+/// Desired runner.
 // Every `printcolumn(...)` repeats the same keys, which clippy mistakes for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -106,7 +107,8 @@ fn is_empty_meta(meta: &ObjectMeta) -> bool {
     *meta == ObjectMeta::default()
 }
 
-/// Observed runner. Only `ready` is always serialised.
+// Only `ready` is always serialised; the other fields are `omitempty` in ARC.
+/// Observed runner.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EphemeralRunnerStatus {
@@ -114,7 +116,7 @@ pub struct EphemeralRunnerStatus {
     #[serde(default)]
     #[schemars(transform = crate::schema::no_default)]
     pub ready: bool,
-    /// `Pending`, `Running`, `Succeeded`, `Failed` or `Outdated` (see [`crate::constants::phase`]); empty when new.
+    /// `Pending`, `Running`, `Succeeded`, `Failed` or `Outdated`; empty when new.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub phase: String,
     /// Machine-readable reason of the last phase change.

@@ -8,7 +8,8 @@ use crate::common::ResourceMeta;
 use crate::ephemeral_runner::EphemeralRunnerSpec;
 use crate::is_zero;
 
-/// Desired runners. The schema requires `patchID` only.
+// The schema requires `patchID` only.
+/// Desired runners.
 // Every `printcolumn(...)` repeats the same keys, which clippy mistakes for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -39,7 +40,9 @@ pub struct EphemeralRunnerSetSpec {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(transform = crate::schema::go_int)]
     pub replicas: i64,
-    /// Written by the listener together with `replicas`; always serialised, required by the schema.
+    // Always serialised, and required by the schema.
+    /// Written by the listener together with `replicas`, so the controller can tell which scaling request a
+    /// runner was created for.
     #[serde(rename = "patchID")]
     #[schemars(transform = crate::schema::go_int)]
     pub patch_id: i64,
@@ -52,7 +55,8 @@ pub struct EphemeralRunnerSetSpec {
     pub ephemeral_runner_metadata: Option<ResourceMeta>,
 }
 
-/// Observed runners. Fields are always serialised; the schema requires `currentReplicas`.
+// Fields are always serialised, zero values included; the schema requires `currentReplicas`.
+/// Observed runners.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EphemeralRunnerSetStatus {
@@ -71,7 +75,7 @@ pub struct EphemeralRunnerSetStatus {
     #[serde(default)]
     #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
     pub failed_ephemeral_runners: i64,
-    /// `Running` or `Outdated` (see [`crate::constants::phase`]).
+    /// `Running` or `Outdated`.
     #[serde(default)]
     #[schemars(transform = crate::schema::no_default)]
     pub phase: String,

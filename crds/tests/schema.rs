@@ -556,3 +556,15 @@ fn crds_fit_in_etcd() {
         );
     }
 }
+
+#[test]
+fn descriptions_have_no_rustdoc_links() {
+    // Doc comments of our types become `kubectl explain` text; Rust-only notes belong in `//` comments.
+    for kind in KINDS {
+        walk(&root_schema(kind), "", &mut |path, node| {
+            if let Some(description) = &node.description {
+                assert!(!description.contains("[`"), "{kind} {path}: {description}");
+            }
+        });
+    }
+}
