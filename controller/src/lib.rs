@@ -1,1 +1,32 @@
-//! The controller manager: the four reconcilers.
+//! The controller manager of the runner scale set mode (`actions.github.com/v1alpha1`): a library with one
+//! module tree per reconciler, sharing one [`context::Context`], and a thin `manager` binary.
+//!
+//! * [`manager::Manager`] starts the shared watches and the controllers and stops them on one shutdown token;
+//!   tests run it in-process against a real API server.
+//! * [`ephemeral_runner_set`] keeps the number of runners the listener asks for (patch-ID protocol).
+//! * [`ephemeral_runner`] runs one runner: JIT registration, pod, failures, deregistration.
+//! * Pure decisions (which runner to remove, failure policy, the pod and runner objects, names and hashes) live
+//!   in their own modules with unit and property tests.
+//!
+//! See `docs/runner-lifecycle.md` for the runner lifecycle and its failure handling.
+
+pub mod actions;
+pub mod cli;
+pub mod context;
+pub mod ephemeral_runner;
+pub mod ephemeral_runner_set;
+pub mod error;
+pub mod hash;
+pub mod kubeutil;
+pub mod labels;
+pub mod manager;
+pub mod metrics;
+pub mod options;
+pub mod proxy;
+pub mod ratelimit;
+pub mod server;
+pub mod telemetry;
+
+pub use error::{Error, Result};
+pub use manager::{Manager, Readiness};
+pub use options::Options;

@@ -1,0 +1,416 @@
+//! Actions Service clients for the reconcilers (spec §3.5, §3.6): credentials from the Secret a resource names,
+//! its proxy and CA settings, a cache keyed by what the client was built from, and a deadline plus a metric on
+//! every call.
+//!
+//! The credentials Secret is read (uncached, as ARC does: Secrets are not watched) every time a client is
+//! needed, so a rotated Secret takes effect on the next call without restarting anything (beyond-ARC item 14).
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actions_client::{
+    ActionsClient, ClientOptions, Credentials, ErrorKind, GitHubAppCredentials, GitHubConfig,
+    HttpOptions, JitRunnerConfig, JitSetting, ProxySettings, RunnerReference, SecretString,
+    SystemInfo, Timeouts, TlsRoots,
+};
+use crds::appconfig::{AppConfig, GitHubCredentials};
+use crds::common::{ProxyConfig, TlsConfig, VaultConfig};
+use crds::{EphemeralRunner, EphemeralRunnerSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::{Api, Client};
+
+use crate::error::{Error, Result};
+use crate::metrics::{ActionsCallLabels, Metrics};
+
+/// Subsystem reported to GitHub in the user agent, as ARC's controller does.
+const SUBSYSTEM: &str = "gha-scale-set-controller";
+
+/// What an Actions client is built from: the fields of an ARS, ERS or ER that name credentials, proxy and CA,
+/// and the namespace they are read from.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSource<'a> {
+    /// Namespace of the resource; Secrets and ConfigMaps are read there.
+    pub namespace: &'a str,
+    /// `githubConfigUrl`.
+    pub github_config_url: &'a str,
+    /// `githubConfigSecret`.
+    pub github_config_secret: &'a str,
+    /// `proxy`.
+    pub proxy: Option<&'a ProxyConfig>,
+    /// `githubServerTLS`.
+    pub tls: Option<&'a TlsConfig>,
+    /// `vaultConfig`.
+    pub vault: Option<&'a VaultConfig>,
+}
+
+impl<'a> ClientSource<'a> {
+    /// The settings of a runner spec (ERS template or ER) in `namespace`.
+    pub fn for_spec(namespace: &'a str, spec: &'a EphemeralRunnerSpec) -> Self {
+        Self {
+            namespace,
+            github_config_url: &spec.github_config_url,
+            github_config_secret: &spec.github_config_secret,
+            proxy: spec.proxy.as_ref(),
+            tls: spec.github_server_tls.as_ref(),
+            vault: spec.vault_config.as_ref(),
+        }
+    }
+
+    /// The settings of an EphemeralRunner.
+    pub fn for_runner(runner: &'a EphemeralRunner) -> Self {
+        Self::for_spec(
+            runner.metadata.namespace.as_deref().unwrap_or_default(),
+            &runner.spec,
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    namespace: String,
+    url: String,
+    secret: String,
+}
+
+/// Builds and caches Actions clients. One cached client per (namespace, config URL, Secret name); it is
+/// replaced when anything it was built from changes (credentials, proxy, CA).
+pub struct ActionsClients {
+    kube: Client,
+    timeout: Duration,
+    version: String,
+    metrics: Arc<Metrics>,
+    cache: Mutex<HashMap<CacheKey, (u64, ActionsClient)>>,
+}
+
+/// Everything a client is built from, read from the cluster.
+struct Materials {
+    credentials: GitHubCredentials,
+    proxy: Option<ProxySettings>,
+    ca: Option<String>,
+}
+
+impl Materials {
+    /// A fingerprint of the materials, to notice a change; kept in memory only.
+    fn fingerprint(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        match &self.credentials {
+            GitHubCredentials::Token(token) => ("token", token).hash(&mut hasher),
+            GitHubCredentials::App {
+                app_id,
+                installation_id,
+                private_key,
+            } => ("app", app_id, installation_id, private_key).hash(&mut hasher),
+        }
+        if let Some(proxy) = &self.proxy {
+            for server in [&proxy.http, &proxy.https].into_iter().flatten() {
+                server.url.hash(&mut hasher);
+                server.username.hash(&mut hasher);
+                server
+                    .password
+                    .as_ref()
+                    .map(SecretString::expose_secret)
+                    .hash(&mut hasher);
+            }
+            proxy.no_proxy.hash(&mut hasher);
+        }
+        self.ca.hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
+impl ActionsClients {
+    /// Clients whose every call ends within `timeout`.
+    pub fn new(kube: Client, timeout: Duration, version: String, metrics: Arc<Metrics>) -> Self {
+        Self {
+            kube,
+            timeout,
+            version,
+            metrics,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A client for `source`, reading its credentials, proxy credentials and CA now.
+    pub async fn get(&self, source: &ClientSource<'_>) -> Result<Actions> {
+        let materials = self.read_materials(source).await?;
+        let fingerprint = materials.fingerprint();
+        let key = CacheKey {
+            namespace: source.namespace.to_owned(),
+            url: source.github_config_url.to_owned(),
+            secret: source.github_config_secret.to_owned(),
+        };
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .filter(|(print, _)| *print == fingerprint)
+            .map(|(_, client)| client.clone());
+        let client = match cached {
+            Some(client) => client,
+            None => {
+                let client = self.build(source.github_config_url, materials)?;
+                self.cache
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(key, (fingerprint, client.clone()));
+                client
+            }
+        };
+        Ok(Actions {
+            client,
+            timeout: self.timeout,
+            metrics: Arc::clone(&self.metrics),
+        })
+    }
+
+    fn build(&self, url: &str, materials: Materials) -> Result<ActionsClient> {
+        let build_error = |source| Error::BuildActionsClient {
+            url: url.to_owned(),
+            source,
+        };
+        let config = GitHubConfig::parse(url).map_err(build_error)?;
+        let credentials = match materials.credentials {
+            GitHubCredentials::Token(token) => Credentials::Pat(SecretString::new(token)),
+            GitHubCredentials::App {
+                app_id,
+                installation_id,
+                private_key,
+            } => Credentials::App(GitHubAppCredentials {
+                client_id: app_id,
+                installation_id,
+                private_key: SecretString::new(private_key),
+            }),
+        };
+        let options = ClientOptions {
+            system_info: SystemInfo {
+                version: self.version.clone(),
+                commit_sha: self.version.clone(),
+                subsystem: SUBSYSTEM.to_owned(),
+                ..SystemInfo::default()
+            },
+            http: HttpOptions {
+                timeouts: Timeouts {
+                    request: self.timeout.min(Duration::from_secs(15)),
+                    call: self.timeout,
+                    ..Timeouts::default()
+                },
+                proxy: match materials.proxy {
+                    Some(settings) => actions_client::ProxyConfig::Explicit(settings),
+                    None => actions_client::ProxyConfig::Environment,
+                },
+                tls_roots: match materials.ca {
+                    Some(pem) => TlsRoots::SystemAnd(pem),
+                    None => TlsRoots::System,
+                },
+                ..HttpOptions::default()
+            },
+        };
+        ActionsClient::new(config, &credentials, options).map_err(build_error)
+    }
+
+    async fn read_materials(&self, source: &ClientSource<'_>) -> Result<Materials> {
+        if let Some(vault) = source.vault.filter(|vault| !vault.type_.is_empty()) {
+            return Err(Error::UnsupportedVault {
+                vault_type: vault.type_.clone(),
+            });
+        }
+        let secret = read_secret(&self.kube, source.namespace, source.github_config_secret)
+            .await?
+            .ok_or_else(|| Error::CredentialsSecretMissing {
+                namespace: source.namespace.to_owned(),
+                name: source.github_config_secret.to_owned(),
+            })?;
+        let read_error = |source_error| Error::ReadCredentials {
+            namespace: source.namespace.to_owned(),
+            name: source.github_config_secret.to_owned(),
+            source: source_error,
+        };
+        let credentials = AppConfig::from_secret_data(&secret.data.unwrap_or_default())
+            .and_then(|config| config.credentials())
+            .map_err(read_error)?;
+        let proxy = match source.proxy {
+            Some(proxy) => {
+                Some(crate::proxy::client_settings(&self.kube, source.namespace, proxy).await?)
+            }
+            None => None,
+        };
+        let ca = match source.tls {
+            Some(tls) => Some(read_ca(&self.kube, source.namespace, tls).await?),
+            None => None,
+        };
+        Ok(Materials {
+            credentials,
+            proxy,
+            ca,
+        })
+    }
+}
+
+/// Reads a Secret directly from the API server; `None` when it does not exist.
+pub async fn read_secret(client: &Client, namespace: &str, name: &str) -> Result<Option<Secret>> {
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(|source| Error::GetSecret {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            source: Box::new(source),
+        })
+}
+
+async fn read_ca(client: &Client, namespace: &str, tls: &TlsConfig) -> Result<String> {
+    let fail = |reason: String| Error::ReadTlsCertificate { reason };
+    let selector = tls
+        .certificate_from
+        .as_ref()
+        .ok_or_else(|| fail("githubServerTLS.certificateFrom is missing".to_owned()))?
+        .config_map_key_ref
+        .as_ref()
+        .ok_or_else(|| {
+            fail("githubServerTLS.certificateFrom.configMapKeyRef is missing".to_owned())
+        })?;
+    let config_map = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt(&selector.name)
+        .await
+        .map_err(|e| fail(format!("get ConfigMap {namespace}/{}: {e}", selector.name)))?
+        .ok_or_else(|| {
+            fail(format!(
+                "ConfigMap {namespace}/{} does not exist",
+                selector.name
+            ))
+        })?;
+    config_map
+        .data
+        .and_then(|mut data| data.remove(&selector.key))
+        .ok_or_else(|| {
+            fail(format!(
+                "ConfigMap {namespace}/{} has no key {:?}",
+                selector.name, selector.key
+            ))
+        })
+}
+
+/// What removing a runner registration did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The registration is gone (or never existed).
+    Removed,
+    /// The service refused: the runner is running a job.
+    JobStillRunning,
+}
+
+/// An Actions client with a deadline and a metric on every call.
+#[derive(Debug, Clone)]
+pub struct Actions {
+    client: ActionsClient,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Actions {
+    /// Runs `call` with the deadline; the client has its own deadline too, this one also bounds token refreshes.
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = actions_client::Result<T>>,
+    ) -> Result<actions_client::Result<T>> {
+        // A little slack so the client's own deadline (with its better error) usually fires first.
+        let deadline = self.timeout + Duration::from_secs(2);
+        let outcome = tokio::time::timeout(deadline, call).await;
+        let result = match &outcome {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(_)) => "error",
+            Err(_) => "timeout",
+        };
+        self.metrics
+            .actions_requests
+            .get_or_create(&ActionsCallLabels { operation, result })
+            .inc();
+        outcome.map_err(|_| Error::ActionsDeadline {
+            operation,
+            after: deadline,
+        })
+    }
+
+    /// Registers runner `name` in scale set `scale_set_id` and returns its JIT configuration.
+    pub async fn generate_jit_config(
+        &self,
+        scale_set_id: i64,
+        name: &str,
+        work_folder: &str,
+    ) -> Result<JitRunnerConfig> {
+        let setting = JitSetting {
+            name: name.to_owned(),
+            work_folder: work_folder.to_owned(),
+        };
+        self.call(
+            "generate_jit_config",
+            self.client
+                .generate_jit_runner_config(scale_set_id, &setting),
+        )
+        .await?
+        .map_err(|source| Error::GenerateJitConfig {
+            runner: name.to_owned(),
+            source,
+        })
+    }
+
+    /// Removes a runner registration. An unknown runner counts as removed.
+    pub async fn remove_runner(&self, runner_id: i64) -> Result<Removal> {
+        match self
+            .call("remove_runner", self.client.remove_runner(runner_id))
+            .await?
+        {
+            Ok(()) => Ok(Removal::Removed),
+            Err(error) if error.is(ErrorKind::JobStillRunning) => Ok(Removal::JobStillRunning),
+            // The service answers 204 for unknown runners; an explicit "not found" means the same: it is gone.
+            Err(error) if error.is(ErrorKind::RunnerNotFound) => Ok(Removal::Removed),
+            Err(source) => Err(Error::RemoveRunner { runner_id, source }),
+        }
+    }
+
+    /// The runner with `runner_id`, or `None` when the service does not know it.
+    pub async fn get_runner(&self, runner_id: i64) -> Result<Option<RunnerReference>> {
+        match self
+            .call("get_runner", self.client.get_runner(runner_id))
+            .await?
+        {
+            Ok(runner) => Ok(Some(runner)),
+            Err(error) if error.is(ErrorKind::RunnerNotFound) => Ok(None),
+            Err(source) => Err(Error::GetRunner {
+                runner: runner_id.to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// The runner named `name`, or `None`.
+    pub async fn get_runner_by_name(&self, name: &str) -> Result<Option<RunnerReference>> {
+        self.call("get_runner_by_name", self.client.get_runner_by_name(name))
+            .await?
+            .map_err(|source| Error::GetRunner {
+                runner: name.to_owned(),
+                source,
+            })
+    }
+}
+
+/// Whether `error` is the service saying a runner of that name already exists.
+pub fn is_runner_exists(error: &Error) -> bool {
+    matches!(error, Error::GenerateJitConfig { source, .. } if source.is(ErrorKind::RunnerExists))
+}
+
+/// Whether the credentials Secret is gone, or may no longer be read (Helm removed the permission first, §6 item
+/// 24): nothing can talk to GitHub for this resource any more.
+pub fn credentials_gone(error: &Error) -> bool {
+    match error {
+        Error::CredentialsSecretMissing { .. } => true,
+        Error::GetSecret { source, .. } => crate::error::is_status(source, 403),
+        _ => false,
+    }
+}

@@ -1,0 +1,300 @@
+//! The manager's command line. Flag names are ARC's wherever ARC has the flag, so the Helm chart and existing
+//! values files keep working; flags that do nothing in this implementation are accepted and reported.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use kube::Client;
+use kube::client::ClientBuilder;
+
+use crate::error::{Error, Result};
+use crate::options::{Options, RunnerPolicy, ScaleDownPolicy};
+use crate::ratelimit::RateLimitLayer;
+use crate::server::parse_bind_address;
+use crate::telemetry::LogFormat;
+
+/// Controller manager for GitHub Actions runner scale sets (actions.github.com/v1alpha1).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "manager", version)]
+pub struct Args {
+    /// Accepted for compatibility: this manager only runs the runner scale set mode.
+    #[arg(long)]
+    pub auto_scaling_runner_set_only: bool,
+
+    /// Metrics bind address (`:8080`, `host:port`); `0` disables the server and the runner gauges.
+    #[arg(long, default_value = ":8080")]
+    pub metrics_addr: String,
+
+    /// Health probe bind address for `/healthz` and `/readyz`; empty disables it.
+    #[arg(long, alias = "health-probe-addr", default_value = "")]
+    pub health_probe_bind_address: String,
+
+    /// Listener metrics address written into listener configurations (`0`: none).
+    #[arg(long, default_value = ":8080")]
+    pub listener_metrics_addr: String,
+
+    /// Listener metrics path written into listener configurations.
+    #[arg(long, default_value = "/metrics")]
+    pub listener_metrics_endpoint: String,
+
+    /// Log level: debug, info, warn, error, or a zap integer level.
+    #[arg(long, default_value = "debug", value_parser = crate::telemetry::parse_level)]
+    pub log_level: tracing::Level,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Watch only this namespace (plus the controller namespace for listeners).
+    #[arg(long, default_value = "")]
+    pub watch_single_namespace: String,
+
+    /// Legacy ARC flag, applied like `--watch-single-namespace` when that one is not set.
+    #[arg(long, default_value = "")]
+    pub watch_namespace: String,
+
+    /// Label key prefix never propagated to child objects (repeatable).
+    #[arg(long = "exclude-label-propagation-prefix")]
+    pub exclude_label_propagation_prefixes: Vec<String>,
+
+    /// Image pull secrets of listener pods (repeatable).
+    #[arg(long = "auto-scaler-image-pull-secrets")]
+    pub auto_scaler_image_pull_secrets: Vec<String>,
+
+    /// EphemeralRunners reconciled concurrently (ARC's default of 2 caps throughput at a few hundred runners).
+    #[arg(long, default_value_t = Options::default().runner_concurrency)]
+    pub runner_max_concurrent_reconciles: u16,
+
+    /// EphemeralRunnerSets reconciled concurrently.
+    #[arg(long, default_value_t = Options::default().runner_set_concurrency)]
+    pub runner_set_max_concurrent_reconciles: u16,
+
+    /// Runner creations or deletions one EphemeralRunnerSet runs in parallel.
+    #[arg(long, default_value_t = Options::default().runner_set_parallelism)]
+    pub runner_set_parallelism: usize,
+
+    /// Kubernetes client rate limit (requests per second; 0 disables). ARC's 20 throttles large scale sets.
+    #[arg(long, alias = "kube-api-qps", default_value_t = 200.0)]
+    pub k8s_client_rate_limiter_qps: f64,
+
+    /// Kubernetes client burst.
+    #[arg(long, alias = "kube-api-burst", default_value_t = 500)]
+    pub k8s_client_rate_limiter_burst: u32,
+
+    /// ARC's workqueue limiter choice (`bucket_rate_limiter` or `typed_rate_limiter`); accepted and validated.
+    /// Failed reconciles always back off exponentially per object here.
+    #[arg(long, default_value = "", value_parser = ["", "bucket_rate_limiter", "typed_rate_limiter"])]
+    pub workqueue_rate_limiter: String,
+
+    /// Leader election (run more than one replica). Not implemented: run one replica.
+    #[arg(long)]
+    pub enable_leader_election: bool,
+
+    /// Lease name for leader election.
+    #[arg(long, default_value = "actions-runner-controller")]
+    pub leader_election_id: String,
+
+    /// Accepted for compatibility; no profiling endpoint is served.
+    #[arg(long, default_value = "")]
+    pub pprof_addr: String,
+
+    /// Accepted for compatibility; reconciles requeue on their own timers.
+    #[arg(long, default_value = "1m")]
+    pub sync_period: String,
+
+    /// Accepted for compatibility; no webhooks are served.
+    #[arg(long, default_value_t = 9443)]
+    pub port: u16,
+
+    /// Removed from ARC after 0.14.2; accepted so old values files keep working, and ignored.
+    #[arg(long, default_value = "")]
+    pub update_strategy: String,
+
+    /// Deadline of every Actions Service call, retries included (e.g. `30s`).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub actions_call_timeout: Duration,
+
+    /// A runner Ready for less than this is not removed by a scale-down (GitHub may be assigning it a job).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub runner_scale_down_grace_period: Duration,
+
+    /// How often an idle runner's registration is checked (zombie detection); `0s` disables the check.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub runner_registration_check_interval: Duration,
+
+    /// Counted pod failures a runner survives before it is replaced.
+    #[arg(long, default_value_t = 5)]
+    pub runner_max_pod_failures: usize,
+
+    /// Controller namespace (listeners live there).
+    #[arg(long, env = "CONTROLLER_MANAGER_POD_NAMESPACE", default_value = "")]
+    pub controller_namespace: String,
+
+    /// Listener image (the manager's own).
+    #[arg(long, env = "CONTROLLER_MANAGER_CONTAINER_IMAGE", default_value = "")]
+    pub controller_image: String,
+
+    /// Listener container command.
+    #[arg(long, env = "LISTENER_ENTRYPOINT", default_value = "/ghalistener")]
+    pub listener_entrypoint: String,
+}
+
+/// Parses `90s`, `5m`, `1h`, `250ms`, or plain seconds.
+pub fn parse_duration(value: &str) -> std::result::Result<Duration, String> {
+    let value = value.trim();
+    let (number, unit) = value
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((value, "s"), |i| value.split_at(i));
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{value:?} is not a duration (e.g. 30s, 5m, 250ms)"))?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => return Err(format!("{value:?} has an unknown unit (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{value:?}: {e}"))
+}
+
+impl Args {
+    /// The namespace to watch, if restricted.
+    pub fn watch_namespace(&self) -> Option<String> {
+        [&self.watch_single_namespace, &self.watch_namespace]
+            .into_iter()
+            .find(|namespace| !namespace.is_empty())
+            .cloned()
+    }
+
+    /// The metrics server address (`None`: disabled).
+    pub fn metrics_address(&self) -> std::result::Result<Option<SocketAddr>, String> {
+        parse_bind_address(&self.metrics_addr)
+    }
+
+    /// The health server address (`None`: disabled).
+    pub fn health_address(&self) -> std::result::Result<Option<SocketAddr>, String> {
+        parse_bind_address(&self.health_probe_bind_address)
+    }
+
+    /// Reconciler options from the flags.
+    pub fn options(&self) -> Options {
+        let defaults = Options::default();
+        Options {
+            watch_namespace: self.watch_namespace(),
+            exclude_label_propagation_prefixes: self.exclude_label_propagation_prefixes.clone(),
+            runner_concurrency: self.runner_max_concurrent_reconciles,
+            runner_set_concurrency: self.runner_set_max_concurrent_reconciles,
+            runner_set_parallelism: self.runner_set_parallelism.max(1),
+            actions_call_timeout: self.actions_call_timeout,
+            runner_gauges: self.metrics_addr.trim() != "0",
+            runner: RunnerPolicy {
+                max_pod_failures: self.runner_max_pod_failures,
+                registration_check_interval: self.runner_registration_check_interval,
+                ..RunnerPolicy::default()
+            },
+            scale_down: ScaleDownPolicy {
+                ready_grace_period: self.runner_scale_down_grace_period,
+            },
+            ..defaults
+        }
+    }
+
+    /// Warnings about flags that are accepted but have no effect here.
+    pub fn ignored_flags(&self) -> Vec<&'static str> {
+        let mut ignored = Vec::new();
+        if self.enable_leader_election {
+            ignored.push("--enable-leader-election: leader election is not implemented; run a single replica");
+        }
+        if !self.pprof_addr.is_empty() {
+            ignored.push("--pprof-addr: no profiling endpoint is served");
+        }
+        if !self.update_strategy.is_empty() {
+            ignored.push("--update-strategy: removed from ARC; ignored");
+        }
+        ignored
+    }
+}
+
+/// A Kubernetes client from the environment (in-cluster or kubeconfig), rate limited as the flags say.
+pub async fn kube_client(qps: f64, burst: u32) -> Result<Client> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::BuildKubeClient(Box::new(kube::Error::InferConfig(e))))?;
+    let builder =
+        ClientBuilder::try_from(config).map_err(|e| Error::BuildKubeClient(Box::new(e)))?;
+    Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chart_flags_parse() {
+        // What the controller chart renders (values from docs/helm-values.md), including flags ARC dropped.
+        let args = Args::try_parse_from([
+            "manager",
+            "--auto-scaling-runner-set-only",
+            "--enable-leader-election",
+            "--leader-election-id=arc",
+            "--auto-scaler-image-pull-secrets=regcred",
+            "--log-level=info",
+            "--log-format=json",
+            "--watch-single-namespace=runners",
+            "--runner-max-concurrent-reconciles=2",
+            "--update-strategy=eventual",
+            "--listener-metrics-addr=:8080",
+            "--listener-metrics-endpoint=/metrics",
+            "--metrics-addr=0",
+            "--pprof-addr=:6060",
+            "--exclude-label-propagation-prefix=argocd.argoproj.io/",
+            "--exclude-label-propagation-prefix=internal/",
+            "--k8s-client-rate-limiter-qps=50",
+            "--k8s-client-rate-limiter-burst=100",
+            "--workqueue-rate-limiter=typed_rate_limiter",
+            "--health-probe-bind-address=:8081",
+        ])
+        .unwrap();
+        assert_eq!(args.log_level, tracing::Level::INFO);
+        assert_eq!(args.log_format, LogFormat::Json);
+        assert_eq!(args.metrics_address().unwrap(), None);
+        assert_eq!(
+            args.health_address().unwrap(),
+            Some("0.0.0.0:8081".parse().unwrap())
+        );
+        let options = args.options();
+        assert_eq!(options.watch_namespace.as_deref(), Some("runners"));
+        assert_eq!(options.runner_concurrency, 2);
+        assert!(!options.runner_gauges);
+        assert_eq!(options.exclude_label_propagation_prefixes.len(), 2);
+        assert_eq!(args.ignored_flags().len(), 3);
+    }
+
+    #[test]
+    fn defaults_do_not_throttle_bursts() {
+        let args = Args::try_parse_from(["manager"]).unwrap();
+        assert!(args.k8s_client_rate_limiter_qps >= 200.0);
+        assert!(args.k8s_client_rate_limiter_burst >= 500);
+        assert!(args.runner_max_concurrent_reconciles >= 32);
+        assert_eq!(args.log_level, tracing::Level::DEBUG);
+        assert!(args.ignored_flags().is_empty());
+        // Aliases from the brief.
+        let args = Args::try_parse_from(["manager", "--kube-api-qps=5", "--health-probe-addr=:9"])
+            .unwrap();
+        assert_eq!(args.k8s_client_rate_limiter_qps, 5.0);
+        assert!(Args::try_parse_from(["manager", "--workqueue-rate-limiter=bogus"]).is_err());
+        assert!(Args::try_parse_from(["manager", "--log-format=xml"]).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}

@@ -1,0 +1,276 @@
+//! The state shared by every reconciler: clients, stores, metrics, options, and small in-memory books
+//! (error backoff, scale expectations, runner disruption history).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crds::{EphemeralRunner, EphemeralRunnerSet};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+
+use crate::actions::ActionsClients;
+use crate::metrics::Metrics;
+use crate::options::Options;
+
+/// Read-only caches fed by the manager's watches.
+#[derive(Clone)]
+pub struct Stores {
+    /// EphemeralRunnerSets.
+    pub runner_sets: Store<EphemeralRunnerSet>,
+    /// EphemeralRunners.
+    pub runners: Store<EphemeralRunner>,
+    /// Runner pods (label `actions-ephemeral-runner=True`).
+    pub pods: Store<Pod>,
+}
+
+/// Shared by all reconcilers, behind an `Arc`.
+pub struct Context {
+    /// Kubernetes client (rate limited by the manager's flags).
+    pub client: Client,
+    /// Options.
+    pub options: Options,
+    /// Metric handles.
+    pub metrics: Arc<Metrics>,
+    /// Publishes Kubernetes Events.
+    pub recorder: Recorder,
+    /// Actions Service clients.
+    pub actions: ActionsClients,
+    /// Watched objects.
+    pub stores: Stores,
+    /// Per-object backoff of failed reconciles.
+    pub backoff: ErrorBackoff,
+    /// Runner creations and deletions not yet seen by the runner watch, per EphemeralRunnerSet.
+    pub expectations: Expectations,
+    /// Per-runner memory that need not survive a restart.
+    pub runner_memory: RunnerMemory,
+}
+
+impl Context {
+    /// Publishes an Event about `regarding`; failures are only logged, since an Event is never worth failing a
+    /// reconcile for.
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(%error, reason, "publishing an Event failed");
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Exponential backoff per object for failed reconciles, reset by a success (kube-runtime has none built in).
+#[derive(Debug)]
+pub struct ErrorBackoff {
+    min: Duration,
+    max: Duration,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl ErrorBackoff {
+    /// Delays from `min`, doubling, capped at `max`.
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min,
+            max,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records a failure of `key` and returns the delay before the next attempt.
+    pub fn next_delay(&self, key: &str) -> Duration {
+        let mut failures = lock(&self.failures);
+        let count = failures.entry(key.to_owned()).or_insert(0);
+        let delay = self
+            .min
+            .saturating_mul(1u32.checked_shl(*count).unwrap_or(u32::MAX))
+            .min(self.max);
+        *count = count.saturating_add(1);
+        delay
+    }
+
+    /// Forgets the failures of `key`.
+    pub fn reset(&self, key: &str) {
+        lock(&self.failures).remove(key);
+    }
+}
+
+/// Runner creations and deletions an EphemeralRunnerSet made that its runner watch has not reported yet. While
+/// any are outstanding the set does not scale again, so a stale cache never causes duplicate runners or
+/// double deletions. Entries expire, in case an event is lost (the watch relists eventually).
+#[derive(Debug, Default)]
+pub struct Expectations {
+    sets: Mutex<HashMap<String, Expected>>,
+}
+
+#[derive(Debug, Default)]
+struct Expected {
+    created: HashSet<String>,
+    deleted: HashSet<String>,
+    since: Option<Instant>,
+}
+
+/// How long an expectation is waited for before it is assumed lost.
+const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Expectations {
+    /// Records runners just created by set `key`.
+    pub fn created(&self, key: &str, names: impl IntoIterator<Item = String>) {
+        let mut sets = lock(&self.sets);
+        let expected = sets.entry(key.to_owned()).or_default();
+        expected.created.extend(names);
+        expected.since.get_or_insert_with(Instant::now);
+    }
+
+    /// Records runners just deleted by set `key`.
+    pub fn deleted(&self, key: &str, names: impl IntoIterator<Item = String>) {
+        let mut sets = lock(&self.sets);
+        let expected = sets.entry(key.to_owned()).or_default();
+        expected.deleted.extend(names);
+        expected.since.get_or_insert_with(Instant::now);
+    }
+
+    /// Drops what the cache now shows (`seen`: the runner is in the cache at all; `alive`: it is there and not
+    /// being deleted) and says whether everything expected was seen.
+    pub fn satisfied(
+        &self,
+        key: &str,
+        seen: impl Fn(&str) -> bool,
+        alive: impl Fn(&str) -> bool,
+    ) -> bool {
+        let mut sets = lock(&self.sets);
+        let Some(expected) = sets.get_mut(key) else {
+            return true;
+        };
+        expected.created.retain(|name| !seen(name));
+        expected.deleted.retain(|name| alive(name));
+        let done = expected.created.is_empty() && expected.deleted.is_empty();
+        let expired = expected
+            .since
+            .is_some_and(|since| since.elapsed() > EXPECTATION_TIMEOUT);
+        if done || expired {
+            if expired && !done {
+                tracing::warn!(
+                    set = key,
+                    "runner watch did not report expected changes in time; rescaling anyway"
+                );
+            }
+            sets.remove(key);
+            return true;
+        }
+        false
+    }
+
+    /// Forgets set `key` (deleted).
+    pub fn forget(&self, key: &str) {
+        lock(&self.sets).remove(key);
+    }
+}
+
+/// Per-runner facts kept in memory: disruptions (not counted as failures, but backed off) and when the
+/// registration was last checked. Losing them on restart only resets a backoff or triggers an early check.
+#[derive(Debug, Default)]
+pub struct RunnerMemory {
+    disruptions: Mutex<HashMap<String, (u32, Instant)>>,
+    checked: Mutex<HashMap<String, Instant>>,
+}
+
+impl RunnerMemory {
+    /// Records a disruption of runner `uid`; returns how many it had.
+    pub fn disrupted(&self, uid: &str) -> u32 {
+        let mut disruptions = lock(&self.disruptions);
+        let entry = disruptions
+            .entry(uid.to_owned())
+            .or_insert((0, Instant::now()));
+        entry.0 = entry.0.saturating_add(1);
+        entry.1 = Instant::now();
+        entry.0
+    }
+
+    /// Disruption count and time of the last one.
+    pub fn last_disruption(&self, uid: &str) -> Option<(u32, Instant)> {
+        lock(&self.disruptions).get(uid).copied()
+    }
+
+    /// Whether the registration of `uid` is due for a check every `interval`; marks it checked when it is.
+    pub fn registration_check_due(&self, uid: &str, interval: Duration) -> bool {
+        if interval.is_zero() {
+            return false;
+        }
+        let mut checked = lock(&self.checked);
+        match checked.get(uid) {
+            Some(last) if last.elapsed() < interval => false,
+            _ => {
+                checked.insert(uid.to_owned(), Instant::now());
+                true
+            }
+        }
+    }
+
+    /// Forgets runner `uid` (gone).
+    pub fn forget(&self, uid: &str) {
+        lock(&self.disruptions).remove(uid);
+        lock(&self.checked).remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_resets() {
+        let backoff = ErrorBackoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let delays: Vec<_> = (0..4).map(|_| backoff.next_delay("a")).collect();
+        assert_eq!(
+            delays,
+            [100, 200, 350, 350].map(Duration::from_millis).to_vec()
+        );
+        assert_eq!(backoff.next_delay("b"), Duration::from_millis(100));
+        backoff.reset("a");
+        assert_eq!(backoff.next_delay("a"), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn expectations_wait_for_the_cache() {
+        let expectations = Expectations::default();
+        assert!(expectations.satisfied("set", |_| false, |_| false));
+        expectations.created("set", ["r1".to_owned(), "r2".to_owned()]);
+        expectations.deleted("set", ["old".to_owned()]);
+        // r1 seen, r2 not yet, old still alive.
+        let cached = |name: &str| name == "r1" || name == "old";
+        assert!(!expectations.satisfied("set", cached, cached));
+        // r2 seen; old is still cached but being deleted, which is enough.
+        assert!(expectations.satisfied("set", |name| name == "r2" || name == "old", |_| false));
+        assert!(expectations.satisfied("set", |_| false, |_| false));
+    }
+
+    #[test]
+    fn registration_checks_are_spaced() {
+        let memory = RunnerMemory::default();
+        assert!(memory.registration_check_due("u", Duration::from_secs(60)));
+        assert!(!memory.registration_check_due("u", Duration::from_secs(60)));
+        assert!(!memory.registration_check_due("v", Duration::ZERO));
+        assert_eq!(memory.disrupted("u"), 1);
+        assert_eq!(memory.disrupted("u"), 2);
+        memory.forget("u");
+        assert!(memory.last_disruption("u").is_none());
+    }
+}

@@ -1,0 +1,78 @@
+//! The EphemeralRunner controller (spec §3.4): one runner pod per EphemeralRunner, its JIT config Secret, and
+//! the runner's registration in the Actions Service.
+//!
+//! Wiring: primary EphemeralRunners from the manager's shared runner watch; owned runner pods from the shared
+//! pod watch; pod deletions (which shared watches do not forward) through `reconcile_on`.
+
+pub mod pod;
+pub mod policy;
+mod reconcile;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crds::EphemeralRunner;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::Controller;
+use kube::runtime::controller::{Action, Config};
+use kube::runtime::reflector::ObjectRef;
+
+pub use reconcile::POD_REJECTED_REASON;
+
+use crate::context::Context;
+use crate::error::Error;
+
+/// Controller name in metrics and logs (ARC's).
+pub const CONTROLLER: &str = "ephemeralrunner";
+
+fn backoff_key(runner: &EphemeralRunner) -> String {
+    format!(
+        "{CONTROLLER}/{}/{}",
+        runner.namespace().unwrap_or_default(),
+        runner.name_any()
+    )
+}
+
+async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let key = backoff_key(&runner);
+    let result = reconcile::reconcile(runner, Arc::clone(&ctx)).await;
+    ctx.metrics
+        .record_reconcile(CONTROLLER, started, result.as_ref().err());
+    if result.is_ok() {
+        ctx.backoff.reset(&key);
+    }
+    result
+}
+
+fn error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.next_delay(&backoff_key(&runner));
+    tracing::warn!(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default(), %error, ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Runs the controller until `shutdown` resolves and in-flight reconciles finish.
+pub async fn run(
+    ctx: Arc<Context>,
+    runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
+    pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
+    pod_deletions: impl Stream<Item = ObjectRef<EphemeralRunner>> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let config = Config::default().concurrency(ctx.options.runner_concurrency);
+    Controller::for_shared_stream(runners, ctx.stores.runners.clone())
+        .owns_shared_stream(pods)
+        .reconcile_on(pod_deletions)
+        .with_config(config)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "ephemeral runner controller event");
+            }
+        })
+        .await;
+}

@@ -1,0 +1,582 @@
+//! One EphemeralRunnerSet reconcile (spec §3.3.1).
+//!
+//! # Expected flow
+//! finalizer → template change? (clean up idle runners) → outdated? (clean up) → proxy Secret → count runners →
+//! scale per the patch-ID protocol (create or remove in parallel, bounded) → delete finished runners → status.
+//!
+//! # Guarantees
+//! * No duplicate runners from a stale cache: runners this process created or deleted must show up in the
+//!   runner watch before the set scales again ([`crate::context::Expectations`]); after a restart the watch is
+//!   fully listed before any reconcile runs.
+//! * A scale-down only removes registered, idle runners whose pod is not waiting for a node and has been Ready
+//!   for the grace period, and deregisters each before deleting it; a runner the service reports busy is kept.
+//! * Deleting the set deregisters and deletes idle runners first and waits for busy ones to finish.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actions_client::{GitHubConfig, Scope};
+use crds::constants::{
+    EPHEMERAL_RUNNER_SET_FINALIZER, INTEGRITY_HASH_ANNOTATION, SCALE_SET_NAME_LABEL,
+    SCALE_SET_NAMESPACE_LABEL, phase,
+};
+use crds::names::ephemeral_runner_set_proxy_secret_name;
+use crds::{EphemeralRunner, EphemeralRunnerSet};
+use futures::{StreamExt, stream};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::runner::{desired_runner, runner_spec_hash, scale_set_identity};
+use super::scale::{Census, ScalePlan, plan, removal_candidates};
+use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::hash::integrity_hash;
+use crate::kubeutil::{
+    controller_ref, delete_if_present, is_controlled_by, name_and_namespace, set_finalizers,
+};
+use crate::metrics::{RunnerLabels, ScaleSetLabels};
+use crate::options::ERS_FIELD_MANAGER;
+
+const KIND: &str = "EphemeralRunnerSet";
+/// Come back soon: waiting for the cache, or for runners to finish going away.
+const SHORT_WAIT: Duration = Duration::from_secs(1);
+/// Come back while runners that could not be removed yet (busy, not registered) remain.
+const CLEANUP_WAIT: Duration = Duration::from_secs(5);
+
+/// Reconciles one EphemeralRunnerSet.
+#[tracing::instrument(skip(set, ctx), fields(set = %set.name_any(), namespace = set.namespace().unwrap_or_default()))]
+pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action> {
+    let step = SetStep::new(&set, &ctx)?;
+    if set.meta().deletion_timestamp.is_some() {
+        return step.finalize().await;
+    }
+    step.ensure_finalizer().await?;
+    let hash = runner_spec_hash(&set.spec.ephemeral_runner_spec)?;
+    match set.annotations().get(INTEGRITY_HASH_ANNOTATION) {
+        // First sight of a set nobody stamped (created by hand or by another tool): adopt it as it is.
+        None => step.stamp_hash(&hash).await?,
+        Some(stamped) if *stamped != hash => {
+            // The template changed: idle runners made from the old one go; busy ones finish their job.
+            step.cleanup().await?;
+            step.reconcile_proxy_secret().await?;
+            step.stamp_hash(&hash).await?;
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        Some(_) => {}
+    }
+    if set
+        .status
+        .as_ref()
+        .is_some_and(|status| status.phase == phase::OUTDATED)
+    {
+        step.cleanup().await?;
+        return Ok(Action::requeue(ctx.options.resync_interval));
+    }
+    step.reconcile_proxy_secret().await?;
+    if !step.cache_caught_up() {
+        return Ok(Action::requeue(SHORT_WAIT));
+    }
+    let census = Census::of(step.children());
+    step.update_gauges(&census);
+    let next = step.scale(&census).await?;
+    let census = Census::of(step.children());
+    step.write_status(&census).await?;
+    Ok(Action::requeue(next.unwrap_or(ctx.options.resync_interval)))
+}
+
+struct SetStep<'a> {
+    set: &'a EphemeralRunnerSet,
+    ctx: &'a Context,
+    name: String,
+    namespace: String,
+    key: String,
+    api: Api<EphemeralRunnerSet>,
+    runners: Api<EphemeralRunner>,
+    secrets: Api<Secret>,
+}
+
+impl<'a> SetStep<'a> {
+    fn new(set: &'a EphemeralRunnerSet, ctx: &'a Context) -> Result<Self> {
+        let (name, namespace) = name_and_namespace(set, KIND)?;
+        let client = ctx.client.clone();
+        Ok(Self {
+            set,
+            ctx,
+            key: format!("{namespace}/{name}"),
+            api: Api::namespaced(client.clone(), &namespace),
+            runners: Api::namespaced(client.clone(), &namespace),
+            secrets: Api::namespaced(client, &namespace),
+            name,
+            namespace,
+        })
+    }
+
+    /// The set's runners, from the cache.
+    fn children(&self) -> Vec<Arc<EphemeralRunner>> {
+        self.ctx.stores.runners.state_filter(|runner| {
+            runner.metadata.namespace.as_deref() == Some(self.namespace.as_str())
+                && is_controlled_by(runner, KIND, &self.name)
+        })
+    }
+
+    fn cached_runner(&self, name: &str) -> Option<Arc<EphemeralRunner>> {
+        self.ctx
+            .stores
+            .runners
+            .get(&ObjectRef::new(name).within(&self.namespace))
+    }
+
+    fn pod_of(&self, runner: &EphemeralRunner) -> Option<Arc<Pod>> {
+        self.ctx
+            .stores
+            .pods
+            .get(&ObjectRef::new(&runner.name_any()).within(&self.namespace))
+    }
+
+    /// Whether every runner this process created or deleted for the set is visible in the cache.
+    fn cache_caught_up(&self) -> bool {
+        self.ctx.expectations.satisfied(
+            &self.key,
+            |name| self.cached_runner(name).is_some(),
+            |name| {
+                self.cached_runner(name)
+                    .is_some_and(|runner| runner.metadata.deletion_timestamp.is_none())
+            },
+        )
+    }
+
+    fn scale_set(&self) -> RunnerLabels {
+        let (name, namespace) = scale_set_identity(self.set);
+        RunnerLabels { name, namespace }
+    }
+
+    async fn ensure_finalizer(&self) -> Result<()> {
+        let current = self.set.finalizers();
+        if current.iter().any(|f| f == EPHEMERAL_RUNNER_SET_FINALIZER) {
+            return Ok(());
+        }
+        let mut wanted = current.to_vec();
+        wanted.push(EPHEMERAL_RUNNER_SET_FINALIZER.to_owned());
+        set_finalizers(&self.api, self.set, wanted, KIND).await
+    }
+
+    async fn stamp_hash(&self, hash: &str) -> Result<()> {
+        let patch = json!({ "metadata": { "annotations": { INTEGRITY_HASH_ANNOTATION: hash } } });
+        self.api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|source| Error::PatchObject {
+                kind: KIND,
+                what: "integrity hash",
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    fn proxy_secret_name(&self) -> String {
+        ephemeral_runner_set_proxy_secret_name(&self.name, &self.namespace)
+    }
+
+    /// The proxy Secret runner pods read their proxy environment from (§3.3.6), applied every pass so
+    /// rotated proxy credentials reach new runners.
+    async fn reconcile_proxy_secret(&self) -> Result<()> {
+        let Some(proxy) = &self.set.spec.ephemeral_runner_spec.proxy else {
+            return Ok(());
+        };
+        let data =
+            crate::proxy::secret_data(&self.ctx.client, &self.namespace, &self.name, proxy).await?;
+        let labels = self.set.labels();
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(self.proxy_secret_name()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(
+                    [SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL]
+                        .into_iter()
+                        .map(|key| (key.to_owned(), labels.get(key).cloned().unwrap_or_default()))
+                        .collect(),
+                ),
+                annotations: Some(
+                    [(INTEGRITY_HASH_ANNOTATION.to_owned(), integrity_hash(&data)?)].into(),
+                ),
+                owner_references: Some(vec![controller_ref(self.set, KIND)?]),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.into_iter()
+                    .map(|(key, value)| (key, ByteString(value.into_bytes())))
+                    .collect(),
+            ),
+            ..Secret::default()
+        };
+        let mut body = serde_json::to_value(&secret).map_err(|source| Error::Serialize {
+            what: "proxy Secret",
+            source,
+        })?;
+        body["apiVersion"] = json!("v1");
+        body["kind"] = json!("Secret");
+        self.secrets
+            .patch(
+                &self.proxy_secret_name(),
+                &PatchParams::apply(ERS_FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map(drop)
+            .map_err(|source| Error::PatchObject {
+                kind: "Secret",
+                what: "proxy data",
+                namespace: self.namespace.clone(),
+                name: self.proxy_secret_name(),
+                source: Box::new(source),
+            })
+    }
+
+    fn update_gauges(&self, census: &Census) {
+        if !self.ctx.options.runner_gauges {
+            return;
+        }
+        let (name, namespace) = scale_set_identity(self.set);
+        let mut labels = ScaleSetLabels {
+            name,
+            namespace,
+            ..ScaleSetLabels::default()
+        };
+        if let Ok(config) =
+            GitHubConfig::parse(&self.set.spec.ephemeral_runner_spec.github_config_url)
+        {
+            match config.scope() {
+                Scope::Organization { organization } => {
+                    labels.organization.clone_from(organization)
+                }
+                Scope::Enterprise { enterprise } => labels.enterprise.clone_from(enterprise),
+                Scope::Repository { owner, repository } => {
+                    labels.organization.clone_from(owner);
+                    labels.repository.clone_from(repository);
+                }
+            }
+        }
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let metrics = &self.ctx.metrics;
+        metrics
+            .pending_runners
+            .get_or_create(&labels)
+            .set(count(census.pending.len()));
+        metrics
+            .running_runners
+            .get_or_create(&labels)
+            .set(count(census.running.len()));
+        metrics
+            .failed_runners
+            .get_or_create(&labels)
+            .set(count(census.failed.len()));
+    }
+
+    /// The scaling step; returns when to come back early (a scale-down waiting for runners to become
+    /// removable).
+    async fn scale(&self, census: &Census) -> Result<Option<Duration>> {
+        let decision = plan(self.set.spec.replicas, self.set.spec.patch_id, census);
+        let result = match decision {
+            ScalePlan::AlreadyApplied => return Ok(None),
+            ScalePlan::Hold => Ok(None),
+            ScalePlan::Create(count) => self.create_runners(count).await.map(|()| None),
+            ScalePlan::Remove(count) => self.remove_idle(census, count).await,
+        };
+        // Finished runners go whenever a scaling step ran; failures here are only logged, as in ARC.
+        for runner in &census.finished {
+            if let Err(error) = delete_if_present(
+                &self.runners,
+                &runner.name_any(),
+                &self.namespace,
+                "EphemeralRunner",
+            )
+            .await
+            {
+                tracing::warn!(%error, "deleting a finished runner failed");
+            }
+        }
+        result
+    }
+
+    async fn create_runners(&self, count: usize) -> Result<()> {
+        let owner = controller_ref(self.set, KIND)?;
+        let template = desired_runner(
+            self.set,
+            owner,
+            &self.ctx.options.exclude_label_propagation_prefixes,
+        );
+        let results: Vec<Result<String>> = stream::iter(0..count)
+            .map(|_| {
+                let runner = template.clone();
+                async move {
+                    self.runners
+                        .create(&PostParams::default(), &runner)
+                        .await
+                        .map(|created| created.name_any())
+                        .map_err(|source| Error::CreateObject {
+                            kind: "EphemeralRunner",
+                            namespace: self.namespace.clone(),
+                            name: runner.metadata.generate_name.clone().unwrap_or_default(),
+                            source: Box::new(source),
+                        })
+                }
+            })
+            .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
+            .collect()
+            .await;
+        let (created, errors): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+        let created: Vec<String> = created.into_iter().filter_map(Result::ok).collect();
+        self.ctx
+            .metrics
+            .runners_created
+            .get_or_create(&self.scale_set())
+            .inc_by(u64::try_from(created.len()).unwrap_or(u64::MAX));
+        tracing::info!(created = created.len(), requested = count, "scaled up");
+        self.ctx.expectations.created(&self.key, created);
+        collect_errors(errors.into_iter().filter_map(Result::err).collect())
+    }
+
+    /// Removes up to `count` idle runners: deregister, then delete. Runners the service reports busy are skipped
+    /// and the next candidates tried, in parallel batches.
+    async fn remove_idle(&self, census: &Census, count: usize) -> Result<Option<Duration>> {
+        let grace = self.ctx.options.scale_down.ready_grace_period;
+        let (candidates, retry_after) = removal_candidates(
+            census,
+            |runner| self.pod_of(runner),
+            grace,
+            Timestamp::now(),
+        );
+        if candidates.is_empty() {
+            return Ok(retry_after.or(Some(CLEANUP_WAIT)));
+        }
+        let actions = self.actions().await?;
+        let mut remaining = candidates.into_iter();
+        let mut needed = count;
+        let mut removed = Vec::new();
+        let mut errors = Vec::new();
+        while needed > 0 {
+            let batch: Vec<_> = remaining.by_ref().take(needed).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let outcomes: Vec<(String, Result<bool>)> = stream::iter(batch.into_iter().cloned())
+                .map(|runner: Arc<EphemeralRunner>| {
+                    let actions = actions.clone();
+                    async move {
+                        (
+                            runner.name_any(),
+                            self.deregister_and_delete(&runner, actions.as_ref()).await,
+                        )
+                    }
+                })
+                .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
+                .collect()
+                .await;
+            for (name, outcome) in outcomes {
+                match outcome {
+                    Ok(true) => {
+                        needed -= 1;
+                        removed.push(name);
+                    }
+                    Ok(false) => {}
+                    Err(error) => errors.push(error),
+                }
+            }
+        }
+        self.ctx
+            .metrics
+            .runners_scaled_down
+            .get_or_create(&self.scale_set())
+            .inc_by(u64::try_from(removed.len()).unwrap_or(u64::MAX));
+        tracing::info!(removed = removed.len(), requested = count, "scaled down");
+        self.ctx.expectations.deleted(&self.key, removed);
+        collect_errors(errors)?;
+        Ok(if needed > 0 {
+            Some(retry_after.unwrap_or(CLEANUP_WAIT).min(CLEANUP_WAIT))
+        } else {
+            None
+        })
+    }
+
+    /// An Actions client for the set's runners; `None` when the credentials are gone (the set is then torn
+    /// down without deregistering, which nothing could do any more).
+    async fn actions(&self) -> Result<Option<Actions>> {
+        let source = ClientSource::for_spec(&self.namespace, &self.set.spec.ephemeral_runner_spec);
+        match self.ctx.actions.get(&source).await {
+            Ok(actions) => Ok(Some(actions)),
+            Err(error)
+                if credentials_gone(&error) && self.set.meta().deletion_timestamp.is_some() =>
+            {
+                tracing::warn!(%error, "credentials are gone; runners are deleted without deregistration");
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Deregisters a runner, then deletes it; `false` when the service says it is busy (kept).
+    async fn deregister_and_delete(
+        &self,
+        runner: &EphemeralRunner,
+        actions: Option<&Actions>,
+    ) -> Result<bool> {
+        let runner_id = runner.status.as_ref().map_or(0, |status| status.runner_id);
+        if runner_id != 0
+            && let Some(actions) = actions
+            && actions.remove_runner(runner_id).await? == Removal::JobStillRunning
+        {
+            return Ok(false);
+        }
+        delete_if_present(
+            &self.runners,
+            &runner.name_any(),
+            &self.namespace,
+            "EphemeralRunner",
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// Runner cleanup (§3.3.7): terminal runners are deleted, idle ones deregistered and deleted, busy ones
+    /// kept. Returns whether the set has no runners left.
+    async fn cleanup(&self) -> Result<bool> {
+        let census = Census::of(self.children());
+        if census.total() == 0
+            && census.finished.is_empty()
+            && census.outdated.is_empty()
+            && census.deleting.is_empty()
+        {
+            if self.set.spec.ephemeral_runner_spec.proxy.is_some() {
+                delete_if_present(
+                    &self.secrets,
+                    &self.proxy_secret_name(),
+                    &self.namespace,
+                    "Secret",
+                )
+                .await?;
+            }
+            return Ok(true);
+        }
+        let terminal = census
+            .finished
+            .iter()
+            .chain(&census.failed)
+            .chain(&census.outdated);
+        let mut errors = Vec::new();
+        for runner in terminal {
+            if let Err(error) = delete_if_present(
+                &self.runners,
+                &runner.name_any(),
+                &self.namespace,
+                "EphemeralRunner",
+            )
+            .await
+            {
+                errors.push(error);
+            }
+        }
+        collect_errors(errors)?;
+        let idle: Vec<&Arc<EphemeralRunner>> = census
+            .pending
+            .iter()
+            .chain(census.running.iter().filter(|runner| !runner.has_job()))
+            .collect();
+        if idle.is_empty() {
+            return Ok(false);
+        }
+        let actions = self.actions().await?;
+        let outcomes: Vec<Result<bool>> = stream::iter(idle.into_iter().cloned())
+            .map(|runner: Arc<EphemeralRunner>| {
+                let actions = actions.clone();
+                async move { self.deregister_and_delete(&runner, actions.as_ref()).await }
+            })
+            .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
+            .collect()
+            .await;
+        collect_errors(outcomes.into_iter().filter_map(Result::err).collect())?;
+        Ok(false)
+    }
+
+    /// Deletion (§3.3.8): runners first (busy ones are waited for), then the proxy Secret, then the finalizer.
+    async fn finalize(&self) -> Result<Action> {
+        if !self
+            .set
+            .finalizers()
+            .iter()
+            .any(|f| f == EPHEMERAL_RUNNER_SET_FINALIZER)
+        {
+            return Ok(Action::await_change());
+        }
+        if !self.cleanup().await? {
+            return Ok(Action::requeue(CLEANUP_WAIT));
+        }
+        if self.set.spec.ephemeral_runner_spec.proxy.is_some()
+            && delete_if_present(
+                &self.secrets,
+                &self.proxy_secret_name(),
+                &self.namespace,
+                "Secret",
+            )
+            .await?
+        {
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        let wanted = self
+            .set
+            .finalizers()
+            .iter()
+            .filter(|f| *f != EPHEMERAL_RUNNER_SET_FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(&self.api, self.set, wanted, KIND).await?;
+        self.ctx.expectations.forget(&self.key);
+        Ok(Action::await_change())
+    }
+
+    /// Applies the status when it differs (the controller is its only writer).
+    async fn write_status(&self, census: &Census) -> Result<()> {
+        let current = self.set.status.clone().unwrap_or_default();
+        let desired = census.status(&current.phase);
+        if self.set.status.is_some() && desired == current {
+            return Ok(());
+        }
+        let body = json!({
+            "apiVersion": crds::constants::API_VERSION,
+            "kind": KIND,
+            "status": desired,
+        });
+        self.api
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(ERS_FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map(drop)
+            .map_err(|source| Error::PatchObject {
+                kind: KIND,
+                what: "status",
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                source: Box::new(source),
+            })
+    }
+}
+
+fn collect_errors(mut errors: Vec<Error>) -> Result<()> {
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        _ => Err(Error::Several(errors)),
+    }
+}

@@ -1,0 +1,389 @@
+//! Pure decisions of the EphemeralRunnerSet controller: counting runners (§3.3.2), the patch-ID protocol
+//! (§3.3.3), and which idle runners a scale-down may remove (§3.3.5 with beyond-ARC item 8).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crds::constants::{PATCH_ID_ANNOTATION, phase};
+use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::ephemeral_runner::policy::{is_waiting_for_node, ready_since};
+
+/// Where a runner stands, for counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bucket {
+    /// Not running yet (any phase other than the ones below).
+    Pending,
+    /// Its pod runs.
+    Running,
+    /// Marked Failed; kept for inspection, counted.
+    Failed,
+    /// Succeeded (not counted; deleted on the next scaling step).
+    Finished,
+    /// Its runner version is deprecated (not counted).
+    Outdated,
+    /// Being deleted (not counted).
+    Deleting,
+}
+
+/// The bucket of one runner.
+pub fn bucket(runner: &EphemeralRunner) -> Bucket {
+    if runner.metadata.deletion_timestamp.is_some() {
+        return Bucket::Deleting;
+    }
+    match runner.status.as_ref().map(|status| status.phase.as_str()) {
+        Some(phase::RUNNING) => Bucket::Running,
+        Some(phase::SUCCEEDED) => Bucket::Finished,
+        Some(phase::FAILED) => Bucket::Failed,
+        Some(phase::OUTDATED) => Bucket::Outdated,
+        _ => Bucket::Pending,
+    }
+}
+
+/// The runners of a set, by bucket.
+#[derive(Debug, Default, Clone)]
+pub struct Census {
+    /// Pending runners.
+    pub pending: Vec<Arc<EphemeralRunner>>,
+    /// Running runners.
+    pub running: Vec<Arc<EphemeralRunner>>,
+    /// Failed runners.
+    pub failed: Vec<Arc<EphemeralRunner>>,
+    /// Finished runners.
+    pub finished: Vec<Arc<EphemeralRunner>>,
+    /// Outdated runners.
+    pub outdated: Vec<Arc<EphemeralRunner>>,
+    /// Runners being deleted.
+    pub deleting: Vec<Arc<EphemeralRunner>>,
+    /// Highest `actions.github.com/patch-id` among all runners (deleting ones included), 0 if none.
+    pub latest_patch_id: i64,
+}
+
+impl Census {
+    /// Sorts `runners` into buckets.
+    pub fn of(runners: impl IntoIterator<Item = Arc<EphemeralRunner>>) -> Self {
+        let mut census = Self::default();
+        for runner in runners {
+            let patch_id = runner
+                .annotations()
+                .get(PATCH_ID_ANNOTATION)
+                .and_then(|value| value.parse::<i64>().ok())
+                .unwrap_or(0);
+            census.latest_patch_id = census.latest_patch_id.max(patch_id);
+            let list = match bucket(&runner) {
+                Bucket::Pending => &mut census.pending,
+                Bucket::Running => &mut census.running,
+                Bucket::Failed => &mut census.failed,
+                Bucket::Finished => &mut census.finished,
+                Bucket::Outdated => &mut census.outdated,
+                Bucket::Deleting => &mut census.deleting,
+            };
+            list.push(runner);
+        }
+        census
+    }
+
+    /// Runners that hold a place in the set: pending + running + failed.
+    pub fn total(&self) -> usize {
+        self.pending.len() + self.running.len() + self.failed.len()
+    }
+
+    /// The status these runners give, keeping a sticky `Outdated` and defaulting to `Running`.
+    pub fn status(&self, current_phase: &str) -> EphemeralRunnerSetStatus {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let phase = if !self.outdated.is_empty() {
+            phase::OUTDATED
+        } else if current_phase.is_empty() {
+            phase::RUNNING
+        } else {
+            current_phase
+        };
+        EphemeralRunnerSetStatus {
+            current_replicas: count(self.total()),
+            pending_ephemeral_runners: count(self.pending.len()),
+            running_ephemeral_runners: count(self.running.len()),
+            failed_ephemeral_runners: count(self.failed.len()),
+            phase: phase.to_owned(),
+        }
+    }
+}
+
+/// What a scaling step does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalePlan {
+    /// This patch was already acted upon: no scaling, no cleanup of finished runners.
+    AlreadyApplied,
+    /// Create this many runners.
+    Create(usize),
+    /// Remove this many idle runners (authoritative patches only).
+    Remove(usize),
+    /// The count is right (or an incremental patch asks for fewer runners, which drain by themselves).
+    Hold,
+}
+
+/// The patch-ID protocol (§3.3.3): `patch_id` 0 is authoritative (scale both ways); a positive one only scales
+/// up, once.
+pub fn plan(replicas: i64, patch_id: i64, census: &Census) -> ScalePlan {
+    if patch_id > 0 && patch_id == census.latest_patch_id {
+        return ScalePlan::AlreadyApplied;
+    }
+    let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
+    let total = census.total();
+    if total < replicas {
+        ScalePlan::Create(replicas - total)
+    } else if patch_id == 0 && total > replicas {
+        ScalePlan::Remove(total - replicas)
+    } else {
+        ScalePlan::Hold
+    }
+}
+
+/// Why a runner may not be removed by a scale-down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Not registered yet (no runner id): nothing to deregister; reconsidered later.
+    Unregistered,
+    /// Assigned or running a job.
+    HasJob,
+    /// Its pod waits for a node (a cluster autoscaler may be adding one for it).
+    WaitingForNode,
+    /// Ready for less than the grace period; removable after this much longer.
+    JustReady(Duration),
+}
+
+/// Whether a runner (pending or running, with its pod if any) may be removed now.
+pub fn keep_reason(
+    runner: &EphemeralRunner,
+    pod: Option<&Pod>,
+    grace: Duration,
+    now: Timestamp,
+) -> Option<Keep> {
+    let status = runner.status.clone().unwrap_or_default();
+    if status.has_job() {
+        return Some(Keep::HasJob);
+    }
+    if status.runner_id == 0 {
+        return Some(Keep::Unregistered);
+    }
+    let pod = pod?;
+    if is_waiting_for_node(pod) {
+        return Some(Keep::WaitingForNode);
+    }
+    let since = ready_since(pod)?;
+    let ready_for = Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO);
+    grace
+        .checked_sub(ready_for)
+        .filter(|left| !left.is_zero())
+        .map(Keep::JustReady)
+}
+
+/// Scale-down candidates in the order they are tried: pending runners oldest first, then running runners
+/// oldest first (ARC's order), minus those [`keep_reason`] protects. Also returns the shortest remaining grace
+/// period, so the caller can come back when a protected runner becomes removable.
+pub fn removal_candidates<'a>(
+    census: &'a Census,
+    pod_of: impl Fn(&EphemeralRunner) -> Option<Arc<Pod>>,
+    grace: Duration,
+    now: Timestamp,
+) -> (Vec<&'a Arc<EphemeralRunner>>, Option<Duration>) {
+    let by_age = |runners: &'a [Arc<EphemeralRunner>]| {
+        let mut sorted: Vec<&'a Arc<EphemeralRunner>> = runners.iter().collect();
+        sorted.sort_by(|a, b| {
+            let created =
+                |runner: &EphemeralRunner| runner.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            created(a)
+                .cmp(&created(b))
+                .then_with(|| a.name_any().cmp(&b.name_any()))
+        });
+        sorted
+    };
+    let mut candidates = Vec::new();
+    let mut retry_after: Option<Duration> = None;
+    for runner in by_age(&census.pending)
+        .into_iter()
+        .chain(by_age(&census.running))
+    {
+        let pod = pod_of(runner);
+        match keep_reason(runner, pod.as_deref(), grace, now) {
+            None => candidates.push(runner),
+            Some(Keep::JustReady(left)) => {
+                retry_after = Some(retry_after.map_or(left, |current| current.min(left)));
+            }
+            Some(_) => {}
+        }
+    }
+    (candidates, retry_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crds::{EphemeralRunnerSpec, EphemeralRunnerStatus};
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use proptest::prelude::*;
+
+    fn runner(
+        name: &str,
+        phase: &str,
+        created: i64,
+        runner_id: i64,
+        job: bool,
+        patch: Option<i64>,
+    ) -> Arc<EphemeralRunner> {
+        let mut runner = EphemeralRunner::new(name, EphemeralRunnerSpec::default());
+        runner.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
+        if let Some(patch) = patch {
+            runner.metadata.annotations =
+                Some([(PATCH_ID_ANNOTATION.to_owned(), patch.to_string())].into());
+        }
+        runner.status = Some(EphemeralRunnerStatus {
+            phase: phase.to_owned(),
+            runner_id,
+            job_id: if job { "job".into() } else { String::new() },
+            ..EphemeralRunnerStatus::default()
+        });
+        Arc::new(runner)
+    }
+
+    fn ready_pod(since: i64) -> Arc<Pod> {
+        Arc::new(Pod {
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    last_transition_time: Some(Time(Timestamp::from_second(since).unwrap())),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        })
+    }
+
+    fn unschedulable_pod() -> Arc<Pod> {
+        Arc::new(Pod {
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("Unschedulable".into()),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        })
+    }
+
+    #[test]
+    fn census_counts_and_status() {
+        let mut deleting = (*runner("d", "Running", 1, 1, false, Some(9))).clone();
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(5).unwrap()));
+        let census = Census::of([
+            runner("p1", "", 1, 0, false, Some(2)),
+            runner("p2", "Pending", 1, 1, false, None),
+            runner("r", "Running", 1, 1, false, Some(3)),
+            runner("f", "Failed", 1, 1, false, None),
+            runner("s", "Succeeded", 1, 1, false, None),
+            Arc::new(deleting),
+        ]);
+        assert_eq!(census.total(), 4);
+        assert_eq!(census.latest_patch_id, 9);
+        let status = census.status("");
+        assert_eq!(
+            status,
+            EphemeralRunnerSetStatus {
+                current_replicas: 4,
+                pending_ephemeral_runners: 2,
+                running_ephemeral_runners: 1,
+                failed_ephemeral_runners: 1,
+                phase: "Running".into(),
+            }
+        );
+        let outdated = Census::of([runner("o", "Outdated", 1, 1, false, None)]);
+        assert_eq!(outdated.status("Running").phase, "Outdated");
+        assert_eq!(Census::default().status("Outdated").phase, "Outdated");
+    }
+
+    #[test]
+    fn patch_protocol() {
+        let census = Census::of([runner("a", "Running", 1, 1, false, Some(4))]);
+        assert_eq!(plan(3, 4, &census), ScalePlan::AlreadyApplied);
+        assert_eq!(plan(3, 5, &census), ScalePlan::Create(2));
+        assert_eq!(plan(0, 5, &census), ScalePlan::Hold);
+        assert_eq!(plan(0, 0, &census), ScalePlan::Remove(1));
+        assert_eq!(plan(1, 0, &census), ScalePlan::Hold);
+        assert_eq!(plan(-3, 0, &census), ScalePlan::Remove(1));
+        // Patch 0 is never "already applied", even when a runner carries patch id 0.
+        let zero = Census::of([runner("a", "Running", 1, 1, false, Some(0))]);
+        assert_eq!(plan(2, 0, &zero), ScalePlan::Create(1));
+    }
+
+    #[test]
+    fn candidates_skip_busy_unregistered_waiting_and_just_ready_runners() {
+        let census = Census::of([
+            runner("busy", "Running", 1, 1, true, None),
+            runner("new", "", 2, 0, false, None),
+            runner("waiting", "Pending", 3, 3, false, None),
+            runner("pending-old", "Pending", 4, 4, false, None),
+            runner("pending-young", "Pending", 9, 5, false, None),
+            runner("idle-old", "Running", 0, 6, false, None),
+            runner("idle-fresh", "Running", 1, 7, false, None),
+        ]);
+        let now = Timestamp::from_second(1000).unwrap();
+        let pod_of = |runner: &EphemeralRunner| match runner.name_any().as_str() {
+            "waiting" => Some(unschedulable_pod()),
+            "idle-old" => Some(ready_pod(100)),
+            "idle-fresh" => Some(ready_pod(990)),
+            _ => None,
+        };
+        let (candidates, retry) = removal_candidates(&census, pod_of, Duration::from_secs(30), now);
+        let names: Vec<String> = candidates.iter().map(|runner| runner.name_any()).collect();
+        assert_eq!(names, ["pending-old", "pending-young", "idle-old"]);
+        assert_eq!(retry, Some(Duration::from_secs(20)));
+    }
+
+    proptest! {
+        /// Whatever the runners, a scale-down never picks one with a job or without a registration, and the
+        /// plan never removes runners for an incremental patch.
+        #[test]
+        fn scale_down_is_safe(
+            runners in proptest::collection::vec(
+                (prop_oneof!["", "Pending", "Running", "Failed", "Succeeded"], 0i64..100, 0i64..3, any::<bool>(), proptest::option::of(0i64..5)),
+                0..30,
+            ),
+            replicas in -2i64..40,
+            patch_id in 0i64..5,
+            ready_at in 0i64..200,
+        ) {
+            let runners: Vec<_> = runners
+                .into_iter()
+                .enumerate()
+                .map(|(i, (phase, created, id, job, patch))| runner(&format!("r{i}"), &phase, created, id, job, patch))
+                .collect();
+            let census = Census::of(runners);
+            let plan = plan(replicas, patch_id, &census);
+            if patch_id > 0 {
+                prop_assert!(!matches!(plan, ScalePlan::Remove(_)));
+            }
+            if let ScalePlan::Create(n) = plan {
+                prop_assert_eq!(census.total() + n, usize::try_from(replicas).unwrap());
+            }
+            let now = Timestamp::from_second(150).unwrap();
+            let (candidates, _) = removal_candidates(&census, |_| Some(ready_pod(ready_at)), Duration::from_secs(30), now);
+            for runner in candidates {
+                let status = runner.status.as_ref().unwrap();
+                prop_assert!(!status.has_job());
+                prop_assert!(status.runner_id != 0);
+                prop_assert!(ready_at + 30 <= 150);
+                prop_assert!(matches!(bucket(runner), Bucket::Pending | Bucket::Running));
+            }
+        }
+    }
+}

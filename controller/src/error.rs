@@ -1,0 +1,388 @@
+//! The crate's error type: one variant per failed operation, each with a bounded metric label and a requeue
+//! delay, so `error_policy` stays one line.
+
+use std::time::Duration;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can fail in the manager and its reconcilers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An object lacks a field every stored object has (name, namespace or uid).
+    #[error("{kind} has no metadata.{field}")]
+    MissingObjectField {
+        /// Kind of the object.
+        kind: &'static str,
+        /// The missing field.
+        field: &'static str,
+    },
+
+    /// Reading a Secret failed.
+    #[error("get Secret {namespace}/{name}: {source}")]
+    GetSecret {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    /// The credentials Secret named by a resource does not exist.
+    #[error("Secret {namespace}/{name} with the GitHub credentials does not exist")]
+    CredentialsSecretMissing {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+
+    /// The credentials in a Secret are unusable.
+    #[error("read GitHub credentials from Secret {namespace}/{name}: {source}")]
+    ReadCredentials {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: crds::Error,
+    },
+
+    /// A `vaultConfig` this manager cannot read.
+    #[error(
+        "vault type {vault_type:?} is not supported by this manager; store the credentials in a Secret"
+    )]
+    UnsupportedVault {
+        /// The configured type.
+        vault_type: String,
+    },
+
+    /// A proxy credentials Secret is missing a key or unreadable.
+    #[error("read proxy credentials from Secret {namespace}/{name}: {reason}")]
+    ReadProxyCredentials {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The `githubServerTLS` certificate could not be read.
+    #[error("read the GitHub server CA certificate: {reason}")]
+    ReadTlsCertificate {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// Building an Actions Service client failed (bad URL, key, proxy or CA).
+    #[error("build the Actions Service client for {url}: {source}")]
+    BuildActionsClient {
+        /// The GitHub config URL.
+        url: String,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// An Actions Service call did not finish within its deadline.
+    #[error("{operation} did not finish within {after:?}")]
+    ActionsDeadline {
+        /// The call.
+        operation: &'static str,
+        /// The deadline.
+        after: Duration,
+    },
+
+    /// Generating a JIT runner configuration failed.
+    #[error("generate the JIT config of runner {runner}: {source}")]
+    GenerateJitConfig {
+        /// Runner (EphemeralRunner) name.
+        runner: String,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// Removing a runner registration failed.
+    #[error("remove runner {runner_id} from the Actions Service: {source}")]
+    RemoveRunner {
+        /// Runner id.
+        runner_id: i64,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// Reading a runner registration failed.
+    #[error("get runner {runner} from the Actions Service: {source}")]
+    GetRunner {
+        /// Runner id or name.
+        runner: String,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// The JIT Secret of a runner does not hold a usable runner id.
+    #[error("JIT Secret {namespace}/{name} is corrupt: {reason}")]
+    CorruptJitSecret {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// Creating an object failed.
+    #[error("create {kind} {namespace}/{name}: {source}")]
+    CreateObject {
+        /// Kind.
+        kind: &'static str,
+        /// Namespace.
+        namespace: String,
+        /// Name (or generateName).
+        name: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    /// Deleting an object failed.
+    #[error("delete {kind} {namespace}/{name}: {source}")]
+    DeleteObject {
+        /// Kind.
+        kind: &'static str,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    /// Patching an object (metadata, finalizers or status) failed.
+    #[error("patch {what} of {kind} {namespace}/{name}: {source}")]
+    PatchObject {
+        /// Kind.
+        kind: &'static str,
+        /// What was patched.
+        what: &'static str,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    /// Reading or listing objects failed.
+    #[error("read {kind} in {namespace}: {source}")]
+    ReadObjects {
+        /// Kind.
+        kind: &'static str,
+        /// Namespace.
+        namespace: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    /// A desired object could not be serialised.
+    #[error("serialise {what}: {source}")]
+    Serialize {
+        /// What.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A proxy URL in a resource is unusable.
+    #[error("proxy setting of {namespace}/{name}: {source}")]
+    ProxyUrl {
+        /// Namespace.
+        namespace: String,
+        /// Resource name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// Several independent steps failed (scale up/down, cleanup); all were attempted.
+    #[error("{} step(s) failed; first: {}", .0.len(), .0.first().map(ToString::to_string).unwrap_or_default())]
+    Several(Vec<Error>),
+
+    /// A CRD the manager needs is not served by the API server.
+    #[error("the {kind} API is not available (are the CRDs installed?): {source}")]
+    CrdMissing {
+        /// Kind.
+        kind: &'static str,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    /// A watch never delivered its initial list.
+    #[error("the {kind} watch stopped before its initial list was read")]
+    WatchNotReady {
+        /// Kind.
+        kind: &'static str,
+    },
+
+    /// Building the Kubernetes client failed.
+    #[error("build the Kubernetes client: {0}")]
+    BuildKubeClient(#[source] Box<kube::Error>),
+
+    /// Binding or serving an HTTP endpoint failed.
+    #[error("serve HTTP on {addr}: {source}")]
+    Serve {
+        /// Address.
+        addr: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// A bounded label for metrics: the variant name, never the message.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::MissingObjectField { .. } => "missing_object_field",
+            Self::GetSecret { .. } => "get_secret",
+            Self::CredentialsSecretMissing { .. } => "credentials_secret_missing",
+            Self::ReadCredentials { .. } => "read_credentials",
+            Self::UnsupportedVault { .. } => "unsupported_vault",
+            Self::ReadProxyCredentials { .. } => "read_proxy_credentials",
+            Self::ReadTlsCertificate { .. } => "read_tls_certificate",
+            Self::BuildActionsClient { .. } => "build_actions_client",
+            Self::ActionsDeadline { .. } => "actions_deadline",
+            Self::GenerateJitConfig { .. } => "generate_jit_config",
+            Self::RemoveRunner { .. } => "remove_runner",
+            Self::GetRunner { .. } => "get_runner",
+            Self::CorruptJitSecret { .. } => "corrupt_jit_secret",
+            Self::CreateObject { .. } => "create_object",
+            Self::DeleteObject { .. } => "delete_object",
+            Self::PatchObject { .. } => "patch_object",
+            Self::ReadObjects { .. } => "read_objects",
+            Self::Serialize { .. } => "serialize",
+            Self::ProxyUrl { .. } => "proxy_url",
+            Self::Several(_) => "several",
+            Self::CrdMissing { .. } => "crd_missing",
+            Self::WatchNotReady { .. } => "watch_not_ready",
+            Self::BuildKubeClient(_) => "build_kube_client",
+            Self::Serve { .. } => "serve",
+        }
+    }
+
+    /// Whether retrying soon is pointless until someone changes the configuration (a Secret, a spec): such
+    /// errors are retried slowly.
+    pub fn is_configuration_problem(&self) -> bool {
+        match self {
+            Self::CredentialsSecretMissing { .. }
+            | Self::ReadCredentials { .. }
+            | Self::UnsupportedVault { .. }
+            | Self::ReadProxyCredentials { .. }
+            | Self::ReadTlsCertificate { .. }
+            | Self::BuildActionsClient { .. }
+            | Self::ProxyUrl { .. } => true,
+            Self::GenerateJitConfig { source, .. }
+            | Self::RemoveRunner { source, .. }
+            | Self::GetRunner { source, .. } => {
+                matches!(
+                    source.kind(),
+                    Some(
+                        actions_client::ErrorKind::Unauthorized
+                            | actions_client::ErrorKind::Forbidden
+                    )
+                ) || source.kind().is_none()
+            }
+            Self::Several(errors) => errors.iter().all(Self::is_configuration_problem),
+            _ => false,
+        }
+    }
+
+    /// Whether the API server answered 409 Conflict (an optimistic-concurrency check failed: re-read and retry).
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            Self::PatchObject { source, .. } | Self::CreateObject { source, .. } => {
+                is_status(source, 409)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether a kube error is an API answer with this HTTP status.
+pub fn is_status(error: &kube::Error, code: u16) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == code)
+}
+
+/// The API server's message for an API error, or the error's text.
+pub fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("boom", "Reason")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn labels_are_variant_names() {
+        let error = Error::CreateObject {
+            kind: "Pod",
+            namespace: "ns".into(),
+            name: "p".into(),
+            source: Box::new(api_error(500)),
+        };
+        assert_eq!(error.metric_label(), "create_object");
+        assert!(!error.is_configuration_problem());
+        assert!(!error.is_conflict());
+    }
+
+    #[test]
+    fn conflicts_are_recognised() {
+        let error = Error::PatchObject {
+            kind: "EphemeralRunner",
+            what: "finalizers",
+            namespace: "ns".into(),
+            name: "r".into(),
+            source: Box::new(api_error(409)),
+        };
+        assert!(error.is_conflict());
+        assert!(is_status(&api_error(404), 404));
+        assert_eq!(api_message(&api_error(403)), "boom");
+    }
+
+    #[test]
+    fn several_is_a_configuration_problem_only_if_all_are() {
+        let missing = || Error::CredentialsSecretMissing {
+            namespace: "ns".into(),
+            name: "s".into(),
+        };
+        assert!(Error::Several(vec![missing(), missing()]).is_configuration_problem());
+        let transient = Error::WatchNotReady { kind: "Pod" };
+        let mixed = Error::Several(vec![missing(), transient]);
+        assert!(!mixed.is_configuration_problem());
+        assert!(mixed.to_string().starts_with("2 step(s) failed"), "{mixed}");
+    }
+}

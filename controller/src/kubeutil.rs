@@ -1,0 +1,129 @@
+//! Small helpers over the Kubernetes API shared by the reconcilers: finalizer edits with an optimistic check,
+//! idempotent deletes, owner references.
+
+use std::fmt::Debug;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result, is_status};
+
+/// Name and namespace of a namespaced object read from the API (both always set there).
+pub fn name_and_namespace<K: Resource>(obj: &K, kind: &'static str) -> Result<(String, String)> {
+    let name = obj.meta().name.clone().ok_or(Error::MissingObjectField {
+        kind,
+        field: "name",
+    })?;
+    let namespace = obj
+        .meta()
+        .namespace
+        .clone()
+        .ok_or(Error::MissingObjectField {
+            kind,
+            field: "namespace",
+        })?;
+    Ok((name, namespace))
+}
+
+/// The controller owner reference pointing at `obj` (needs its uid).
+pub fn controller_ref<K: Resource<DynamicType = ()>>(
+    obj: &K,
+    kind: &'static str,
+) -> Result<OwnerReference> {
+    obj.controller_owner_ref(&())
+        .ok_or(Error::MissingObjectField { kind, field: "uid" })
+}
+
+/// Whether `obj` is controlled by an object of `kind` named `name` in group `actions.github.com`.
+pub fn is_controlled_by<K: Resource>(obj: &K, kind: &str, name: &str) -> bool {
+    obj.owner_references().iter().any(|owner| {
+        owner.controller == Some(true)
+            && owner.kind == kind
+            && owner.name == name
+            && owner.api_version == crds::constants::API_VERSION
+    })
+}
+
+/// Replaces `obj`'s finalizers with `wanted`, failing (so the caller retries with fresh data) if the list
+/// changed since `obj` was read; a JSON patch `test` makes the check without locking the whole object.
+pub async fn set_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    wanted: Vec<String>,
+    kind: &'static str,
+) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let current = obj.finalizers();
+    let path = |p: &str| p.parse::<PointerBuf>().unwrap_or_default();
+    let operations = if current.is_empty() {
+        vec![
+            PatchOperation::Test(TestOperation {
+                path: path("/metadata/finalizers"),
+                value: serde_json::Value::Null,
+            }),
+            PatchOperation::Add(AddOperation {
+                path: path("/metadata/finalizers"),
+                value: wanted.into(),
+            }),
+        ]
+    } else {
+        vec![
+            PatchOperation::Test(TestOperation {
+                path: path("/metadata/finalizers"),
+                value: current.to_vec().into(),
+            }),
+            PatchOperation::Replace(ReplaceOperation {
+                path: path("/metadata/finalizers"),
+                value: wanted.into(),
+            }),
+        ]
+    };
+    let (name, namespace) = name_and_namespace(obj, kind)?;
+    match api
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(json_patch::Patch(operations)),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone already: nothing left to finalize.
+        Err(error) if is_status(&error, 404) => Ok(()),
+        Err(source) => Err(Error::PatchObject {
+            kind,
+            what: "finalizers",
+            namespace,
+            name,
+            source: Box::new(source),
+        }),
+    }
+}
+
+/// Deletes `name` unless it is already gone; returns whether a delete was issued.
+pub async fn delete_if_present<K>(
+    api: &Api<K>,
+    name: &str,
+    namespace: &str,
+    kind: &'static str,
+) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(error) if is_status(&error, 404) => Ok(false),
+        Err(source) => Err(Error::DeleteObject {
+            kind,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            source: Box::new(source),
+        }),
+    }
+}

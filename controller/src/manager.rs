@@ -1,0 +1,313 @@
+//! The manager: shared watches, the controllers, readiness, one shutdown signal.
+//!
+//! Every watch is started by the manager and shared: runner pods and EphemeralRunners feed the EphemeralRunner
+//! controller, EphemeralRunners also feed the EphemeralRunnerSet controller. Shared watches do not forward
+//! deletions, so the manager maps deletions to the owner's reconcile itself. Controllers start only after every
+//! watch has listed once, so no reconcile acts on a partial cache (which could duplicate runners after a
+//! restart); readiness turns true at that point and false again on shutdown.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crds::constants::{EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE};
+use crds::{EphemeralRunner, EphemeralRunnerSet};
+use futures::StreamExt;
+use futures::channel::mpsc;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::actions::ActionsClients;
+use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::options::Options;
+use crate::{ephemeral_runner, ephemeral_runner_set};
+
+/// How many watch events a slow subscriber may lag behind before the watch waits for it.
+const SUBSCRIBER_BUFFER: usize = 1024;
+/// Reporting controller name on Events.
+const EVENT_REPORTER: &str = "gha-runner-scale-set-controller";
+
+/// Whether the manager is ready (watches listed, controllers running). Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Whether ready now.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Relaxed);
+    }
+}
+
+/// The controller manager. Build it, hand its registry and readiness to the HTTP servers, then [`Manager::run`].
+pub struct Manager {
+    client: Client,
+    options: Options,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+}
+
+impl Manager {
+    /// A manager using `client` for everything.
+    pub fn new(client: Client, options: Options) -> Self {
+        let mut registry = Registry::default();
+        let metrics = Arc::new(Metrics::register(&mut registry));
+        Self {
+            client,
+            options,
+            registry: Arc::new(registry),
+            metrics,
+            readiness: Readiness::default(),
+        }
+    }
+
+    /// The metrics registry, for `/metrics`.
+    pub fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry)
+    }
+
+    /// The readiness flag, for `/readyz`.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.options.watch_namespace {
+            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    /// Checks that the CRDs are served, so a missing installation fails fast with a hint.
+    async fn preflight(&self) -> Result<()> {
+        let probe = ListParams::default().limit(1);
+        self.api::<EphemeralRunnerSet>()
+            .list(&probe)
+            .await
+            .map_err(|source| Error::CrdMissing {
+                kind: "EphemeralRunnerSet",
+                source: Box::new(source),
+            })?;
+        self.api::<EphemeralRunner>()
+            .list(&probe)
+            .await
+            .map_err(|source| Error::CrdMissing {
+                kind: "EphemeralRunner",
+                source: Box::new(source),
+            })?;
+        Ok(())
+    }
+
+    /// Runs every controller until `shutdown` is cancelled, then lets in-flight reconciles finish.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        self.preflight().await?;
+        // Watches outlive the controllers by a little: they stop once the controllers have drained.
+        let stop_watches = CancellationToken::new();
+        let _stop_on_exit = stop_watches.clone().drop_guard();
+
+        let (set_store, set_writer) =
+            reflector::store_shared::<EphemeralRunnerSet>(SUBSCRIBER_BUFFER);
+        let sets_for_set_controller = set_writer.subscribe().ok_or(Error::WatchNotReady {
+            kind: "EphemeralRunnerSet",
+        })?;
+        let (runner_store, runner_writer) =
+            reflector::store_shared::<EphemeralRunner>(SUBSCRIBER_BUFFER);
+        let runners_for_runner_controller =
+            runner_writer.subscribe().ok_or(Error::WatchNotReady {
+                kind: "EphemeralRunner",
+            })?;
+        let runners_for_set_controller = runner_writer.subscribe().ok_or(Error::WatchNotReady {
+            kind: "EphemeralRunner",
+        })?;
+        let (pod_store, pod_writer) = reflector::store_shared::<Pod>(SUBSCRIBER_BUFFER);
+        let pods_for_runner_controller = pod_writer
+            .subscribe()
+            .ok_or(Error::WatchNotReady { kind: "Pod" })?;
+
+        let (runner_deleted_tx, runner_deleted_rx) =
+            mpsc::unbounded::<ObjectRef<EphemeralRunnerSet>>();
+        let (pod_deleted_tx, pod_deleted_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunner>>();
+
+        let watches = [
+            spawn_watch(
+                self.api::<EphemeralRunnerSet>(),
+                watcher::Config::default(),
+                set_writer,
+                |_| {},
+                stop_watches.clone(),
+            ),
+            spawn_watch(
+                self.api::<EphemeralRunner>(),
+                watcher::Config::default(),
+                runner_writer,
+                move |runner: &EphemeralRunner| {
+                    if let Some(owner) = controller_owner(runner, "EphemeralRunnerSet") {
+                        let _ = runner_deleted_tx.unbounded_send(owner);
+                    }
+                },
+                stop_watches.clone(),
+            ),
+            spawn_watch(
+                self.api::<Pod>(),
+                watcher::Config::default().labels(&format!(
+                    "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
+                )),
+                pod_writer,
+                move |pod: &Pod| {
+                    if let Some(owner) = controller_owner(pod, "EphemeralRunner") {
+                        let _ = pod_deleted_tx.unbounded_send(owner);
+                    }
+                },
+                stop_watches.clone(),
+            ),
+        ];
+
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            ready = wait_ready(&set_store, &runner_store, &pod_store) => ready?,
+        }
+        tracing::info!("watches listed; starting controllers");
+
+        let ctx = Arc::new(Context {
+            recorder: Recorder::new(
+                self.client.clone(),
+                Reporter {
+                    controller: EVENT_REPORTER.to_owned(),
+                    instance: std::env::var("CONTROLLER_MANAGER_POD_NAME").ok(),
+                },
+            ),
+            actions: ActionsClients::new(
+                self.client.clone(),
+                self.options.actions_call_timeout,
+                self.options.build_version.clone(),
+                Arc::clone(&self.metrics),
+            ),
+            stores: Stores {
+                runner_sets: set_store,
+                runners: runner_store,
+                pods: pod_store,
+            },
+            backoff: ErrorBackoff::new(
+                self.options.error_backoff_min,
+                self.options.error_backoff_max,
+            ),
+            expectations: Expectations::default(),
+            runner_memory: RunnerMemory::default(),
+            metrics: Arc::clone(&self.metrics),
+            client: self.client.clone(),
+            options: self.options.clone(),
+        });
+        self.readiness.set(true);
+        let stopped = |token: &CancellationToken| token.clone().cancelled_owned();
+        futures::join!(
+            ephemeral_runner::run(
+                Arc::clone(&ctx),
+                runners_for_runner_controller,
+                pods_for_runner_controller,
+                pod_deleted_rx,
+                stopped(&shutdown),
+            ),
+            ephemeral_runner_set::run(
+                Arc::clone(&ctx),
+                sets_for_set_controller,
+                runners_for_set_controller,
+                runner_deleted_rx,
+                stopped(&shutdown),
+            ),
+        );
+        self.readiness.set(false);
+        stop_watches.cancel();
+        for watch in watches {
+            // A watch task only ends by being told to; a panic inside it is already logged by tokio.
+            let _ = watch.await;
+        }
+        tracing::info!("controllers stopped");
+        Ok(())
+    }
+}
+
+async fn wait_ready(
+    sets: &Store<EphemeralRunnerSet>,
+    runners: &Store<EphemeralRunner>,
+    pods: &Store<Pod>,
+) -> Result<()> {
+    sets.wait_until_ready()
+        .await
+        .map_err(|_| Error::WatchNotReady {
+            kind: "EphemeralRunnerSet",
+        })?;
+    runners
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::WatchNotReady {
+            kind: "EphemeralRunner",
+        })?;
+    pods.wait_until_ready()
+        .await
+        .map_err(|_| Error::WatchNotReady { kind: "Pod" })?;
+    Ok(())
+}
+
+/// The owner of kind `kind` (group `actions.github.com`) that controls `obj`.
+fn controller_owner<K: Resource, O: Resource<DynamicType = ()>>(
+    obj: &K,
+    kind: &str,
+) -> Option<ObjectRef<O>> {
+    let owner = obj
+        .owner_references()
+        .iter()
+        .find(|owner| owner.controller == Some(true) && owner.kind == kind)?;
+    Some(ObjectRef::new(&owner.name).within(&obj.namespace()?))
+}
+
+/// Drives a shared watch into its store until `stop`, calling `on_delete` for every deleted object.
+fn spawn_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    on_delete: impl Fn(&K) + Send + 'static,
+    stop: CancellationToken,
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    tokio::spawn(async move {
+        let mut events = pin!(
+            watcher(api, config)
+                .default_backoff()
+                .reflect_shared(writer)
+        );
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                event = events.next() => match event {
+                    Some(Ok(watcher::Event::Delete(obj))) => on_delete(&obj),
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => tracing::warn!(%error, kind = %K::kind(&K::DynamicType::default()), "watch error; retrying"),
+                    None => return,
+                },
+            }
+        }
+    })
+}

@@ -1,0 +1,307 @@
+//! The manager's Prometheus metrics.
+//!
+//! ARC's names are kept so existing dashboards work: the `gha_controller_*` runner gauges (labels `name`,
+//! `namespace`, `repository`, `organization`, `enterprise`) and controller-runtime's
+//! `controller_runtime_reconcile_*` series (label `controller`). The runner lifecycle counters are new; every
+//! label has a bounded set of values (scale sets, fixed reason words), never a runner or a run.
+
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// Labels of the ARC runner gauges: the scale set and the parts of its GitHub config URL.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet, Default)]
+pub struct ScaleSetLabels {
+    /// Scale set (AutoscalingRunnerSet) name.
+    pub name: String,
+    /// Scale set namespace.
+    pub namespace: String,
+    /// Repository part of the config URL, or empty.
+    pub repository: String,
+    /// Organization part of the config URL, or empty.
+    pub organization: String,
+    /// Enterprise part of the config URL, or empty.
+    pub enterprise: String,
+}
+
+/// A scale set, for the runner lifecycle counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunnerLabels {
+    /// Scale set name.
+    pub name: String,
+    /// Scale set namespace.
+    pub namespace: String,
+}
+
+/// A scale set and a reason word.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunnerReasonLabels {
+    /// Scale set name.
+    pub name: String,
+    /// Scale set namespace.
+    pub namespace: String,
+    /// One of a fixed set of words, documented on the metric.
+    pub reason: &'static str,
+}
+
+/// Which reconciler.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    /// `ephemeralrunnerset`, `ephemeralrunner`, ...
+    pub controller: &'static str,
+}
+
+/// A reconciler and an outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// Reconciler.
+    pub controller: &'static str,
+    /// `success` or `error`.
+    pub result: &'static str,
+}
+
+/// A reconciler and an error variant.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileErrorLabels {
+    /// Reconciler.
+    pub controller: &'static str,
+    /// [`crate::Error::metric_label`].
+    pub error: &'static str,
+}
+
+/// An Actions Service operation and its outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionsCallLabels {
+    /// Operation, e.g. `generate_jit_config`.
+    pub operation: &'static str,
+    /// `ok`, `error` or `timeout`.
+    pub result: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+/// Every metric handle of the manager. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `gha_controller_pending_ephemeral_runners`.
+    pub pending_runners: Family<ScaleSetLabels, Gauge>,
+    /// `gha_controller_running_ephemeral_runners`.
+    pub running_runners: Family<ScaleSetLabels, Gauge>,
+    /// `gha_controller_failed_ephemeral_runners`.
+    pub failed_runners: Family<ScaleSetLabels, Gauge>,
+    /// `gha_controller_running_listeners` (set by the AutoscalingListener controller).
+    pub running_listeners: Family<ScaleSetLabels, Gauge>,
+    /// `gha_controller_runner_pod_failures_total`: counted pod failures; reason `runner_exit`,
+    /// `init_container` or `pod_failed`.
+    pub pod_failures: Family<RunnerReasonLabels, Counter>,
+    /// `gha_controller_runner_pod_disruptions_total`: pods lost without being counted as failures; reason
+    /// `evicted`, `preempted`, `node_lost`, `node_rejected` or `disrupted`.
+    pub pod_disruptions: Family<RunnerReasonLabels, Counter>,
+    /// `gha_controller_runner_pod_rejections_total`: pod creations the API server refused; reason `quota`,
+    /// `forbidden` or `invalid`.
+    pub pod_rejections: Family<RunnerReasonLabels, Counter>,
+    /// `gha_controller_runner_retries_exhausted_total`: runners given up after too many pod failures.
+    pub retries_exhausted: Family<RunnerLabels, Counter>,
+    /// `gha_controller_zombie_runners_total`: running runners whose registration the service had forgotten.
+    pub zombie_runners: Family<RunnerLabels, Counter>,
+    /// `gha_controller_runners_created_total`: EphemeralRunners created by scale-ups.
+    pub runners_created: Family<RunnerLabels, Counter>,
+    /// `gha_controller_runners_scaled_down_total`: idle runners removed by scale-downs.
+    pub runners_scaled_down: Family<RunnerLabels, Counter>,
+    /// `gha_controller_actions_requests_total`.
+    pub actions_requests: Family<ActionsCallLabels, Counter>,
+    /// `controller_runtime_reconcile_total`.
+    pub reconciles: Family<ReconcileLabels, Counter>,
+    /// `controller_runtime_reconcile_errors_total`.
+    pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
+    /// `controller_runtime_reconcile_time_seconds`.
+    pub reconcile_time: HistogramFamily<ControllerLabels>,
+}
+
+impl Metrics {
+    /// Creates the handles and registers them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            pending_runners: Family::default(),
+            running_runners: Family::default(),
+            failed_runners: Family::default(),
+            running_listeners: Family::default(),
+            pod_failures: Family::default(),
+            pod_disruptions: Family::default(),
+            pod_rejections: Family::default(),
+            retries_exhausted: Family::default(),
+            zombie_runners: Family::default(),
+            runners_created: Family::default(),
+            runners_scaled_down: Family::default(),
+            actions_requests: Family::default(),
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_time: Family::new_with_constructor(reconcile_histogram),
+        };
+        let gha = registry.sub_registry_with_prefix("gha_controller");
+        gha.register(
+            "pending_ephemeral_runners",
+            "Number of ephemeral runners in a pending state.",
+            metrics.pending_runners.clone(),
+        );
+        gha.register(
+            "running_ephemeral_runners",
+            "Number of ephemeral runners in a running state.",
+            metrics.running_runners.clone(),
+        );
+        gha.register(
+            "failed_ephemeral_runners",
+            "Number of ephemeral runners in a failed state.",
+            metrics.failed_runners.clone(),
+        );
+        gha.register(
+            "running_listeners",
+            "Number of listeners in a running state.",
+            metrics.running_listeners.clone(),
+        );
+        gha.register(
+            "runner_pod_failures",
+            "Runner pod failures counted against the runner's retry budget, by reason.",
+            metrics.pod_failures.clone(),
+        );
+        gha.register(
+            "runner_pod_disruptions",
+            "Runner pods lost to evictions, preemption or node loss (not counted as failures), by reason.",
+            metrics.pod_disruptions.clone(),
+        );
+        gha.register(
+            "runner_pod_rejections",
+            "Runner pod creations refused by the API server, by reason.",
+            metrics.pod_rejections.clone(),
+        );
+        gha.register(
+            "runner_retries_exhausted",
+            "Runners given up after too many pod failures (they are replaced).",
+            metrics.retries_exhausted.clone(),
+        );
+        gha.register(
+            "zombie_runners",
+            "Running runners whose registration the Actions Service no longer knew (they are replaced).",
+            metrics.zombie_runners.clone(),
+        );
+        gha.register(
+            "runners_created",
+            "EphemeralRunners created to scale up.",
+            metrics.runners_created.clone(),
+        );
+        gha.register(
+            "runners_scaled_down",
+            "Idle runners removed to scale down.",
+            metrics.runners_scaled_down.clone(),
+        );
+        gha.register(
+            "actions_requests",
+            "Actions Service calls made by the controllers, by operation and result.",
+            metrics.actions_requests.clone(),
+        );
+        let runtime = registry.sub_registry_with_prefix("controller_runtime");
+        runtime.register(
+            "reconcile",
+            "Total number of reconciliations per controller.",
+            metrics.reconciles.clone(),
+        );
+        runtime.register(
+            "reconcile_errors",
+            "Total number of reconciliation errors per controller.",
+            metrics.reconcile_errors.clone(),
+        );
+        runtime.register_with_unit(
+            "reconcile_time",
+            "Length of time per reconciliation per controller.",
+            Unit::Seconds,
+            metrics.reconcile_time.clone(),
+        );
+        metrics
+    }
+
+    /// Records one finished reconcile.
+    pub fn record_reconcile(
+        &self,
+        controller: &'static str,
+        started: Instant,
+        error: Option<&crate::Error>,
+    ) {
+        self.reconcile_time
+            .get_or_create(&ControllerLabels { controller })
+            .observe(started.elapsed().as_secs_f64());
+        let result = if error.is_some() { "error" } else { "success" };
+        self.reconciles
+            .get_or_create(&ReconcileLabels { controller, result })
+            .inc();
+        if let Some(error) = error {
+            self.reconcile_errors
+                .get_or_create(&ReconcileErrorLabels {
+                    controller,
+                    error: error.metric_label(),
+                })
+                .inc();
+        }
+    }
+}
+
+/// The registry as Prometheus text (OpenMetrics).
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_arc_and_counters_get_total() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let labels = ScaleSetLabels {
+            name: "set".into(),
+            namespace: "ns".into(),
+            ..ScaleSetLabels::default()
+        };
+        metrics.pending_runners.get_or_create(&labels).set(3);
+        metrics.record_reconcile("ephemeralrunner", Instant::now(), None);
+        metrics
+            .pod_failures
+            .get_or_create(&RunnerReasonLabels {
+                name: "set".into(),
+                namespace: "ns".into(),
+                reason: "runner_exit",
+            })
+            .inc();
+        let text = encode(&registry);
+        assert!(
+            text.contains(
+                r#"gha_controller_pending_ephemeral_runners{name="set",namespace="ns",repository="",organization="",enterprise=""} 3"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"controller_runtime_reconcile_total{controller="ephemeralrunner",result="success"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("controller_runtime_reconcile_time_seconds_bucket"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gha_controller_runner_pod_failures_total"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! Run-time options of the manager and its reconcilers. The binary fills them from flags ([`crate::cli`]); tests
+//! build them directly, usually with shorter delays.
+
+use std::time::Duration;
+
+/// Field manager of the EphemeralRunnerSet controller's server-side applies.
+pub const ERS_FIELD_MANAGER: &str = "arc-rs/ephemeralrunnerset";
+/// Field manager of the EphemeralRunner controller's server-side applies.
+pub const ER_FIELD_MANAGER: &str = "arc-rs/ephemeralrunner";
+/// Field manager of the job labels and annotations the EphemeralRunner controller puts on runner pods. Separate
+/// from [`ER_FIELD_MANAGER`] so this apply never removes fields another apply set.
+pub const ER_JOB_METADATA_FIELD_MANAGER: &str = "arc-rs/ephemeralrunner-job-metadata";
+
+/// Everything the reconcilers need to know besides the cluster itself.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Watch only this namespace (ARC's `--watch-single-namespace`); `None` watches all namespaces.
+    pub watch_namespace: Option<String>,
+    /// Label key prefixes never copied onto child objects.
+    pub exclude_label_propagation_prefixes: Vec<String>,
+    /// How many EphemeralRunners are reconciled at the same time.
+    pub runner_concurrency: u16,
+    /// How many EphemeralRunnerSets are reconciled at the same time.
+    pub runner_set_concurrency: u16,
+    /// How many runner creations or deletions one EphemeralRunnerSet reconcile runs at the same time.
+    pub runner_set_parallelism: usize,
+    /// Version reported to GitHub (user agent) and put in the runner's extra user agent.
+    pub build_version: String,
+    /// Deadline of every Actions Service call, retries included.
+    pub actions_call_timeout: Duration,
+    /// Whether the `gha_controller_*` runner gauges are updated (ARC: `--metrics-addr` is not `0`).
+    pub runner_gauges: bool,
+    /// Runner (EphemeralRunner) policy.
+    pub runner: RunnerPolicy,
+    /// Scale-down policy of EphemeralRunnerSets.
+    pub scale_down: ScaleDownPolicy,
+    /// A successful reconcile is repeated after this long even without a change, in case a watch event was
+    /// missed (GitHub state cannot be watched).
+    pub resync_interval: Duration,
+    /// Backoff of failed reconciles: first delay.
+    pub error_backoff_min: Duration,
+    /// Backoff of failed reconciles: cap.
+    pub error_backoff_max: Duration,
+}
+
+/// How the EphemeralRunner controller treats failing runner pods.
+#[derive(Debug, Clone)]
+pub struct RunnerPolicy {
+    /// Counted pod failures a runner survives; one more and the runner is given up (deleted, then replaced).
+    pub max_pod_failures: usize,
+    /// Delay before the pod after the first counted failure; doubles with each further failure.
+    pub failure_backoff_base: Duration,
+    /// Cap of the delay between pods after disruptions (evictions, preemption, node loss), which are not
+    /// counted as failures.
+    pub disruption_backoff_max: Duration,
+    /// How often deregistration is retried while the service reports the runner's job still running.
+    pub job_still_running_requeue: Duration,
+    /// How often pod creation is retried after a quota or admission rejection.
+    pub pod_rejection_retry: Duration,
+    /// How often an idle running runner's registration is checked (zombie detection); zero disables the check.
+    pub registration_check_interval: Duration,
+}
+
+/// Which idle runners an EphemeralRunnerSet may remove when it scales down.
+#[derive(Debug, Clone)]
+pub struct ScaleDownPolicy {
+    /// A runner whose pod became Ready less than this long ago is not removed: GitHub may be assigning it a
+    /// job that the listener has not reported yet.
+    pub ready_grace_period: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            watch_namespace: None,
+            exclude_label_propagation_prefixes: Vec::new(),
+            // ARC's default of 2 workers is the ceiling its users hit at a few hundred runners; reconciles are
+            // I/O bound, so many run well on two cores.
+            runner_concurrency: 64,
+            runner_set_concurrency: 8,
+            runner_set_parallelism: 32,
+            build_version: env!("CARGO_PKG_VERSION").to_owned(),
+            actions_call_timeout: Duration::from_secs(30),
+            runner_gauges: true,
+            runner: RunnerPolicy::default(),
+            scale_down: ScaleDownPolicy::default(),
+            resync_interval: Duration::from_secs(300),
+            error_backoff_min: Duration::from_millis(500),
+            error_backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Default for RunnerPolicy {
+    fn default() -> Self {
+        Self {
+            max_pod_failures: 5,
+            failure_backoff_base: Duration::from_secs(5),
+            disruption_backoff_max: Duration::from_secs(60),
+            job_still_running_requeue: Duration::from_secs(30),
+            pod_rejection_retry: Duration::from_secs(30),
+            registration_check_interval: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Default for ScaleDownPolicy {
+    fn default() -> Self {
+        Self {
+            ready_grace_period: Duration::from_secs(30),
+        }
+    }
+}
