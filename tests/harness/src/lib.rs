@@ -14,6 +14,7 @@
 mod assets;
 mod control_plane;
 mod crds;
+pub mod executor;
 mod pki;
 pub mod process;
 
@@ -29,6 +30,7 @@ use tokio::sync::OnceCell;
 pub use assets::{K8S_VERSION, PROVISION_COMMAND, assets_dir, binary};
 pub use control_plane::ControlPlane;
 pub use crds::{FIELD_MANAGER, apply_crds};
+pub use executor::{LISTENER_POD_SELECTOR, ListenerExecutor};
 
 /// Everything that can go wrong while starting the control plane.
 #[derive(Debug, thiserror::Error)]
