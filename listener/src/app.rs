@@ -1,0 +1,231 @@
+//! Wiring: from a validated config to a running listener (Actions client, Kubernetes target, metrics, HTTP
+//! servers, message loop) and back down again.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actions_client::{ClientOptions, ProxyConfig, SystemInfo, TlsRoots};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::health::Health;
+use crate::listener::{MessageLoop, ScaleSet, Settings};
+use crate::metrics::{Metrics, ScaleSetIdentity};
+use crate::server::{BoundServer, Routes};
+use crate::target::KubeTarget;
+
+/// Subsystem name in the User-Agent, as ARC's listener sends it.
+const SUBSYSTEM: &str = "ghalistener";
+
+/// A listener whose servers are bound and whose clients are built, ready to run.
+pub struct Listener {
+    message_loop: MessageLoop<KubeTarget>,
+    servers: Vec<BoundServer>,
+    metrics_addr: Option<SocketAddr>,
+    health_addr: Option<SocketAddr>,
+}
+
+impl Listener {
+    /// Prepares everything that can fail on configuration alone, so such failures end the process before any
+    /// session exists. `config` must have passed [`Config::validate`].
+    pub async fn start(config: &Config, kube: kube::Client, settings: Settings) -> Result<Self> {
+        let github = config.github_config()?;
+        let credentials = config.credentials()?;
+        let max_runners = u32::try_from(config.max_runners).map_err(|_| {
+            Error::ValidateConfig(crate::config::ConfigProblem::MaxRunnersOutOfRange(
+                config.max_runners,
+            ))
+        })?;
+        let health = Health::new(settings.health_limit);
+        let metrics = if config.metrics_enabled() {
+            let identity = ScaleSetIdentity::new(
+                &github,
+                &config.ephemeral_runner_set_namespace,
+                &config.ephemeral_runner_set_name,
+            );
+            let metrics =
+                Metrics::new(identity, config.metrics.as_ref()).map_err(Error::ValidateConfig)?;
+            metrics.record_bounds(config.min_runners, config.max_runners);
+            Some(Arc::new(metrics))
+        } else {
+            None
+        };
+
+        let mut servers = Vec::new();
+        let (mut metrics_addr, mut health_addr) = (None, None);
+        let health_address = config.health_address();
+        if let Some(metrics) = &metrics {
+            let shared = health_address == Some(config.metrics_addr.as_str());
+            let routes = Routes {
+                metrics: Some((Arc::clone(metrics), config.metrics_path().to_owned())),
+                health: shared,
+                progress: health.clone(),
+            };
+            let server = BoundServer::bind("metrics", &config.metrics_addr, routes).await?;
+            metrics_addr = server.local_addr();
+            if shared {
+                health_addr = metrics_addr;
+            }
+            servers.push(server);
+        }
+        if let Some(addr) = health_address
+            && health_addr.is_none()
+        {
+            let routes = Routes {
+                metrics: None,
+                health: true,
+                progress: health.clone(),
+            };
+            let server = BoundServer::bind("health", addr, routes).await?;
+            health_addr = server.local_addr();
+            servers.push(server);
+        }
+
+        let mut http = settings.http.clone();
+        http.proxy = ProxyConfig::Environment;
+        if !config.server_root_ca.is_empty() {
+            http.tls_roots = TlsRoots::SystemAnd(config.server_root_ca.clone());
+        }
+        let scale_set = ScaleSet {
+            github,
+            credentials,
+            client_options: ClientOptions {
+                system_info: system_info(config.runner_scale_set_id),
+                http,
+            },
+            id: config.runner_scale_set_id,
+            owner_name: owner_name(),
+            min_runners: config.min_runners,
+            max_runners,
+        };
+        let target = KubeTarget::new(
+            kube,
+            &config.ephemeral_runner_set_namespace,
+            &config.ephemeral_runner_set_name,
+        );
+        let message_loop = MessageLoop::new(scale_set, settings, target, metrics, health)?;
+        Ok(Self {
+            message_loop,
+            servers,
+            metrics_addr,
+            health_addr,
+        })
+    }
+
+    /// Where metrics are served, once bound.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Where `/healthz` is served, once bound.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
+    }
+
+    /// Runs the loop and the servers until `shutdown` is cancelled or something unrecoverable happens. The
+    /// servers outlive the loop, so health and metrics stay visible while the session is being deleted.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        let loop_token = shutdown.child_token();
+        let server_token = CancellationToken::new();
+        let mut servers = JoinSet::new();
+        for server in self.servers {
+            servers.spawn(server.serve(server_token.clone()));
+        }
+        let message_loop = self.message_loop.run(loop_token.clone());
+        tokio::pin!(message_loop);
+        let mut server_error = None;
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut message_loop => break outcome,
+                Some(joined) = servers.join_next(), if !servers.is_empty() => {
+                    // A server only stops early by failing; ARC stops the listener then too.
+                    if let Ok(Err(error)) = joined {
+                        tracing::error!(error = %crate::listener::error_chain(&error), "HTTP server failed; stopping");
+                        server_error = Some(error);
+                        loop_token.cancel();
+                    }
+                }
+            }
+        };
+        server_token.cancel();
+        while let Some(joined) = servers.join_next().await {
+            if let Ok(Err(error)) = joined {
+                server_error.get_or_insert(error);
+            }
+        }
+        outcome?;
+        server_error.map_or(Ok(()), Err)
+    }
+}
+
+fn system_info(scale_set_id: i64) -> SystemInfo {
+    SystemInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        commit_sha: option_env!("ARC_RS_COMMIT").unwrap_or("NA").to_owned(),
+        scale_set_id,
+        subsystem: SUBSYSTEM.to_owned(),
+        ..SystemInfo::default()
+    }
+}
+
+/// The session owner: the host name (the pod name in a cluster), else a random UUID, as in ARC.
+pub fn owner_name() -> String {
+    let from_kernel = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned());
+    let from_env = std::env::var("HOSTNAME").ok();
+    if let Some(name) = from_kernel
+        .into_iter()
+        .chain(from_env)
+        .find(|name| !name.is_empty())
+    {
+        return name;
+    }
+    let uuid = random_uuid();
+    tracing::info!(uuid = %uuid, "host name unavailable; using a random session owner name");
+    uuid
+}
+
+/// A random version-4 UUID string.
+fn random_uuid() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let state = RandomState::new();
+    let high = state.hash_one(1u8);
+    let low = state.hash_one(2u8);
+    let high = (high & 0xffff_ffff_ffff_0fff) | 0x4000;
+    let low = (low & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        high >> 32,
+        (high >> 16) & 0xffff,
+        high & 0xffff,
+        low >> 48,
+        low & 0xffff_ffff_ffff
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_uuid_has_the_v4_shape() {
+        let uuid = random_uuid();
+        let parts: Vec<&str> = uuid.split('-').collect();
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12],
+            "{uuid}"
+        );
+        assert!(parts[2].starts_with('4'), "{uuid}");
+        assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "{uuid}");
+        assert_ne!(random_uuid(), uuid);
+    }
+
+    #[test]
+    fn owner_name_is_never_empty() {
+        assert!(!owner_name().is_empty());
+    }
+}

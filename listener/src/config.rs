@@ -1,0 +1,609 @@
+//! The listener's JSON config file (the same file and keys as ARC's `ghalistener`), decoded with Go's lenient
+//! rules and validated in ARC's order, so the first problem reported is the one ARC would report.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use actions_client::{Credentials, GitHubAppCredentials, GitHubConfig, SecretString};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// The environment variable naming the config file.
+pub const CONFIG_PATH_ENV: &str = "LISTENER_CONFIG_PATH";
+
+/// The only supported non-empty `vault_type` value.
+pub const AZURE_KEY_VAULT: &str = "azure_key_vault";
+
+/// Largest `max_runners`: the capacity header and the ERS replica count are 32-bit in the reference.
+pub const MAX_RUNNERS_LIMIT: i64 = i32::MAX as i64;
+
+/// Address `/healthz` is served on when neither `health_addr` nor `metrics_addr` is set (the chart probes it).
+pub const DEFAULT_HEALTH_ADDR: &str = ":8080";
+
+/// Path of the liveness endpoint.
+pub const HEALTH_PATH: &str = "/healthz";
+
+/// The config file. Field names are the JSON keys; missing keys and `null` give the zero value, as in Go.
+#[derive(Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Config {
+    /// GitHub config URL (enterprise, organization or repository).
+    pub configure_url: String,
+    /// `""` (inline credentials) or `azure_key_vault`.
+    pub vault_type: String,
+    /// Vault secret holding the credentials.
+    pub vault_lookup_key: String,
+    /// Azure Key Vault client settings.
+    pub azure_key_vault: Option<AzureKeyVault>,
+    /// Personal access token.
+    pub github_token: String,
+    /// GitHub App ID or client ID.
+    pub github_app_id: String,
+    /// GitHub App installation ID.
+    pub github_app_installation_id: i64,
+    /// GitHub App private key (PEM).
+    pub github_app_private_key: String,
+    /// Namespace of the EphemeralRunnerSet and its EphemeralRunners.
+    pub ephemeral_runner_set_namespace: String,
+    /// Name of the EphemeralRunnerSet to scale.
+    pub ephemeral_runner_set_name: String,
+    /// Upper bound of the desired replicas; also the capacity reported on each poll.
+    pub max_runners: i64,
+    /// Idle runners kept on top of the assigned jobs.
+    pub min_runners: i64,
+    /// Scale set ID in the Actions Service.
+    pub runner_scale_set_id: i64,
+    /// Decoded, not used (as in ARC).
+    pub runner_scale_set_name: String,
+    /// Extra PEM root certificates for GitHub and the Actions Service.
+    pub server_root_ca: String,
+    /// `debug`, `info`, `warn` or `error` (any case).
+    pub log_level: String,
+    /// `json` or `text`.
+    pub log_format: String,
+    /// Metrics listen address (`host:port`, `:8080`); empty disables metrics.
+    pub metrics_addr: String,
+    /// Metrics path; empty means `/metrics`.
+    pub metrics_endpoint: String,
+    /// Which ARC metrics to export with which labels; `None` is the default set.
+    pub metrics: Option<MetricsSelection>,
+    /// Not in ARC: where `/healthz` is served. Unset: `metrics_addr` when set, else `:8080`. Empty: no
+    /// health endpoint.
+    pub health_addr: Option<String>,
+    /// Whether any of the four inline credential keys was present in the file (ARC tells "no credentials at
+    /// all" from "incomplete credentials").
+    #[serde(skip)]
+    pub credential_keys_present: bool,
+}
+
+/// `azure_key_vault` settings.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct AzureKeyVault {
+    /// Entra tenant.
+    pub tenant_id: String,
+    /// Application (client) ID.
+    pub client_id: String,
+    /// Vault URL.
+    pub url: String,
+    /// Client certificate file (PEM).
+    pub certificate_path: String,
+    /// Proxy for vault traffic.
+    pub proxy: Option<AzureProxy>,
+}
+
+/// Proxy for vault traffic (Go field names, matched case-insensitively by ARC).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct AzureProxy {
+    /// HTTP proxy URL.
+    #[serde(alias = "HTTPProxy", alias = "httpproxy", alias = "http_proxy")]
+    pub http_proxy: String,
+    /// HTTPS proxy URL.
+    #[serde(alias = "HTTPSProxy", alias = "httpsproxy", alias = "https_proxy")]
+    pub https_proxy: String,
+    /// Exclusions.
+    #[serde(alias = "NoProxy", alias = "noproxy", alias = "no_proxy")]
+    pub no_proxy: String,
+    /// CGI mode.
+    #[serde(alias = "CGI", alias = "cgi")]
+    pub cgi: bool,
+}
+
+/// The `metrics` key: the metrics to register, by kind, each with its label list (and buckets for histograms).
+/// A present key replaces the whole default set.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct MetricsSelection {
+    /// Counters by name.
+    pub counters: Option<BTreeMap<String, Option<MetricSelection>>>,
+    /// Gauges by name.
+    pub gauges: Option<BTreeMap<String, Option<MetricSelection>>>,
+    /// Histograms by name.
+    pub histograms: Option<BTreeMap<String, Option<MetricSelection>>>,
+}
+
+/// One selected metric.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct MetricSelection {
+    /// Label names, in order.
+    pub labels: Option<Vec<String>>,
+    /// Histogram buckets; empty means the defaults.
+    pub buckets: Option<Vec<f64>>,
+}
+
+/// Log verbosity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// `debug`.
+    Debug,
+    /// `info`.
+    Info,
+    /// `warn`.
+    Warn,
+    /// `error`.
+    Error,
+}
+
+/// Log record format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// `key=value` text.
+    Text,
+}
+
+/// Why a config is unusable. Each variant's text is the message shown to the user.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ConfigProblem {
+    /// The file holds no JSON value.
+    Empty,
+    /// The first JSON value is not an object.
+    NotAnObject,
+    /// `vault_type` is neither empty nor `azure_key_vault`.
+    UnsupportedVaultType(String),
+    /// `azure_key_vault` is missing while `vault_type` asks for it.
+    MissingAzureKeyVault,
+    /// An `azure_key_vault` field is empty or invalid.
+    InvalidAzureKeyVault(String),
+    /// Azure Key Vault is configured correctly, but this listener cannot read from it.
+    AzureKeyVaultUnsupported,
+    /// `configure_url` is empty.
+    MissingConfigureUrl,
+    /// `ephemeral_runner_set_namespace` is empty.
+    MissingRunnerSetNamespace,
+    /// `ephemeral_runner_set_name` is empty.
+    MissingRunnerSetName,
+    /// `runner_scale_set_id` is 0.
+    MissingScaleSetId,
+    /// `max_runners` < `min_runners`.
+    MaxBelowMin {
+        /// `min_runners`.
+        min: i64,
+        /// `max_runners`.
+        max: i64,
+    },
+    /// `vault_type` is set but `vault_lookup_key` is empty.
+    MissingVaultLookupKey,
+    /// None of the credential keys is present.
+    MissingCredentials,
+    /// A PAT and complete GitHub App credentials are both present.
+    BothCredentials,
+    /// Neither a PAT nor complete GitHub App credentials.
+    NoCompleteCredentials,
+    /// `configure_url` does not parse.
+    InvalidConfigureUrl(String),
+    /// `log_level` is not one of the four levels.
+    InvalidLogLevel(String),
+    /// `log_format` is not `json` or `text`.
+    InvalidLogFormat(String),
+    /// `metrics_endpoint` is not an absolute path.
+    InvalidMetricsEndpoint(String),
+    /// `metrics_endpoint` would shadow the health endpoint on the same address.
+    MetricsEndpointIsHealthPath,
+    /// A `metrics` entry cannot be registered.
+    InvalidMetricSelection {
+        /// `counters`, `gauges` or `histograms`.
+        kind: &'static str,
+        /// Metric name.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// `max_runners` is outside 0..=2147483647.
+    MaxRunnersOutOfRange(i64),
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => f.write_str("the config file contains no JSON value"),
+            Self::NotAnObject => f.write_str("the config file must contain a JSON object"),
+            Self::UnsupportedVaultType(t) => write!(
+                f,
+                "vault_type {t:?} is not supported; use \"\" (credentials in this file) or \"{AZURE_KEY_VAULT}\""
+            ),
+            Self::MissingAzureKeyVault => write!(
+                f,
+                "azure_key_vault is required when vault_type is \"{AZURE_KEY_VAULT}\""
+            ),
+            Self::InvalidAzureKeyVault(problem) => write!(f, "azure_key_vault: {problem}"),
+            Self::AzureKeyVaultUnsupported => write!(
+                f,
+                "vault_type \"{AZURE_KEY_VAULT}\" is not supported by this listener yet; put the credentials in the \
+                 GitHub config Secret instead"
+            ),
+            Self::MissingConfigureUrl => f.write_str("configure_url is required"),
+            Self::MissingRunnerSetNamespace => {
+                f.write_str("ephemeral_runner_set_namespace is required")
+            }
+            Self::MissingRunnerSetName => f.write_str("ephemeral_runner_set_name is required"),
+            Self::MissingScaleSetId => f.write_str("runner_scale_set_id is required (it is 0)"),
+            Self::MaxBelowMin { min, max } => write!(
+                f,
+                "max_runners ({max}) must be greater than or equal to min_runners ({min})"
+            ),
+            Self::MissingVaultLookupKey => {
+                f.write_str("vault_lookup_key is required when vault_type is set")
+            }
+            Self::MissingCredentials => f.write_str(
+                "no credentials: set github_token, or github_app_id, github_app_installation_id and \
+                 github_app_private_key",
+            ),
+            Self::BothCredentials => f.write_str(
+                "both github_token and complete GitHub App credentials are set; set only one kind",
+            ),
+            Self::NoCompleteCredentials => f.write_str(
+                "no usable credentials: github_token is empty and the GitHub App credentials are incomplete \
+                 (github_app_id, github_app_installation_id > 0 and github_app_private_key are all required)",
+            ),
+            Self::InvalidConfigureUrl(problem) => write!(f, "configure_url: {problem}"),
+            Self::InvalidLogLevel(level) => write!(
+                f,
+                "log_level {level:?} is not one of debug, info, warn, error"
+            ),
+            Self::InvalidLogFormat(format) => {
+                write!(f, "log_format {format:?} is not one of json, text")
+            }
+            Self::InvalidMetricsEndpoint(endpoint) => write!(
+                f,
+                "metrics_endpoint {endpoint:?} must be a path starting with \"/\""
+            ),
+            Self::MetricsEndpointIsHealthPath => write!(
+                f,
+                "metrics_endpoint must not be {HEALTH_PATH:?} when metrics and health share an address"
+            ),
+            Self::InvalidMetricSelection {
+                kind,
+                name,
+                problem,
+            } => write!(f, "metrics.{kind}.{name}: {problem}"),
+            Self::MaxRunnersOutOfRange(max) => write!(
+                f,
+                "max_runners ({max}) must be between 0 and {MAX_RUNNERS_LIMIT}"
+            ),
+        }
+    }
+}
+
+/// Top-level keys, for Go's case-insensitive key matching.
+const KEYS: [&str; 21] = [
+    "configure_url",
+    "vault_type",
+    "vault_lookup_key",
+    "azure_key_vault",
+    "github_token",
+    "github_app_id",
+    "github_app_installation_id",
+    "github_app_private_key",
+    "ephemeral_runner_set_namespace",
+    "ephemeral_runner_set_name",
+    "max_runners",
+    "min_runners",
+    "runner_scale_set_id",
+    "runner_scale_set_name",
+    "server_root_ca",
+    "log_level",
+    "log_format",
+    "metrics_addr",
+    "metrics_endpoint",
+    "metrics",
+    "health_addr",
+];
+
+const CREDENTIAL_KEYS: [&str; 4] = [
+    "github_token",
+    "github_app_id",
+    "github_app_installation_id",
+    "github_app_private_key",
+];
+
+fn invalid(problem: ConfigProblem) -> Error {
+    Error::ValidateConfig(problem)
+}
+
+impl Config {
+    /// Reads `LISTENER_CONFIG_PATH`, then the file, then validates it.
+    pub fn from_env() -> Result<Self> {
+        let path = std::env::var_os(CONFIG_PATH_ENV).ok_or(Error::ConfigPathUnset)?;
+        Self::load(Path::new(&path))
+    }
+
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|source| Error::ReadConfig {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config = Self::decode(&bytes)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Decodes the file with Go's `encoding/json` leniency: only the first JSON value counts, unknown keys are
+    /// ignored, keys match case-insensitively (exact spelling preferred), and `null` means "not set".
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let first = serde_json::Deserializer::from_slice(bytes)
+            .into_iter::<Value>()
+            .next()
+            .ok_or_else(|| invalid(ConfigProblem::Empty))?
+            .map_err(|e| Error::DecodeConfig(e.to_string()))?;
+        let Value::Object(object) = first else {
+            return Err(invalid(ConfigProblem::NotAnObject));
+        };
+        let object = normalize_keys(object);
+        let credential_keys_present = CREDENTIAL_KEYS.iter().any(|k| object.contains_key(*k));
+        let mut config: Self = serde_json::from_value(Value::Object(object))
+            .map_err(|e| Error::DecodeConfig(e.to_string()))?;
+        config.credential_keys_present = credential_keys_present;
+        Ok(config)
+    }
+
+    /// Checks the config. The order is ARC's (vault type, then its settings, then the required fields, the
+    /// runner bounds and the credentials), followed by the checks ARC only makes later during start-up (config
+    /// URL, logging, metrics, the `max_runners` range), so everything is reported before any network call.
+    pub fn validate(&self) -> Result<()> {
+        match self.vault_type.as_str() {
+            "" => {}
+            AZURE_KEY_VAULT => self.validate_azure_key_vault()?,
+            other => {
+                return Err(invalid(ConfigProblem::UnsupportedVaultType(
+                    other.to_owned(),
+                )));
+            }
+        }
+        if self.configure_url.is_empty() {
+            return Err(invalid(ConfigProblem::MissingConfigureUrl));
+        }
+        if self.ephemeral_runner_set_namespace.is_empty() {
+            return Err(invalid(ConfigProblem::MissingRunnerSetNamespace));
+        }
+        if self.ephemeral_runner_set_name.is_empty() {
+            return Err(invalid(ConfigProblem::MissingRunnerSetName));
+        }
+        if self.runner_scale_set_id == 0 {
+            return Err(invalid(ConfigProblem::MissingScaleSetId));
+        }
+        if self.max_runners < self.min_runners {
+            return Err(invalid(ConfigProblem::MaxBelowMin {
+                min: self.min_runners,
+                max: self.max_runners,
+            }));
+        }
+        if !self.vault_type.is_empty() && self.vault_lookup_key.is_empty() {
+            return Err(invalid(ConfigProblem::MissingVaultLookupKey));
+        }
+        if self.vault_type.is_empty() {
+            // ARC skips this when only vault_lookup_key is set and then crashes on missing credentials; checking
+            // always turns that crash into this message.
+            self.credentials()?;
+        }
+        self.github_config()?;
+        self.log_level()?;
+        self.log_format()?;
+        self.validate_metrics()?;
+        if !(0..=MAX_RUNNERS_LIMIT).contains(&self.max_runners) {
+            return Err(invalid(ConfigProblem::MaxRunnersOutOfRange(
+                self.max_runners,
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_azure_key_vault(&self) -> Result<()> {
+        let vault = self
+            .azure_key_vault
+            .as_ref()
+            .ok_or_else(|| invalid(ConfigProblem::MissingAzureKeyVault))?;
+        let problem = |text: String| Err(invalid(ConfigProblem::InvalidAzureKeyVault(text)));
+        if vault.tenant_id.is_empty() {
+            return problem("tenant_id is required".to_owned());
+        }
+        if vault.client_id.is_empty() {
+            return problem("client_id is required".to_owned());
+        }
+        match url::Url::parse(&vault.url) {
+            Ok(url) if url.has_host() => {}
+            _ => return problem(format!("url {:?} is not an absolute URL", vault.url)),
+        }
+        if vault.certificate_path.is_empty() {
+            return problem("certificate_path is required".to_owned());
+        }
+        if let Err(e) = std::fs::metadata(&vault.certificate_path) {
+            return problem(format!(
+                "certificate_path {:?} cannot be read: {e}",
+                vault.certificate_path
+            ));
+        }
+        if let Some(proxy) = &vault.proxy
+            && proxy == &AzureProxy::default()
+        {
+            return problem("proxy is set but all of its fields are empty".to_owned());
+        }
+        // Everything ARC checks before fetching the secret is fine, but fetching it is not implemented.
+        Err(invalid(ConfigProblem::AzureKeyVaultUnsupported))
+    }
+
+    /// The credential kind in effect (ARC's rules: a PAT next to a partial App triple is a PAT).
+    pub fn credentials(&self) -> Result<Credentials> {
+        let has_pat = !self.github_token.is_empty();
+        let has_app = !self.github_app_id.is_empty()
+            && self.github_app_installation_id > 0
+            && !self.github_app_private_key.is_empty();
+        match (has_pat, has_app) {
+            (true, true) => Err(invalid(ConfigProblem::BothCredentials)),
+            (true, false) => Ok(Credentials::Pat(SecretString::new(
+                self.github_token.clone(),
+            ))),
+            (false, true) => Ok(Credentials::App(GitHubAppCredentials {
+                client_id: self.github_app_id.clone(),
+                installation_id: self.github_app_installation_id,
+                private_key: SecretString::new(self.github_app_private_key.clone()),
+            })),
+            (false, false) if !self.credential_keys_present => {
+                Err(invalid(ConfigProblem::MissingCredentials))
+            }
+            (false, false) => Err(invalid(ConfigProblem::NoCompleteCredentials)),
+        }
+    }
+
+    /// The parsed config URL.
+    pub fn github_config(&self) -> Result<GitHubConfig> {
+        GitHubConfig::parse(&self.configure_url)
+            .map_err(|e| invalid(ConfigProblem::InvalidConfigureUrl(e.to_string())))
+    }
+
+    /// The parsed `log_level`.
+    pub fn log_level(&self) -> Result<LogLevel> {
+        match self.log_level.to_ascii_lowercase().as_str() {
+            "debug" => Ok(LogLevel::Debug),
+            "info" => Ok(LogLevel::Info),
+            "warn" => Ok(LogLevel::Warn),
+            "error" => Ok(LogLevel::Error),
+            _ => Err(invalid(ConfigProblem::InvalidLogLevel(
+                self.log_level.clone(),
+            ))),
+        }
+    }
+
+    /// The parsed `log_format` (case-sensitive, as in ARC).
+    pub fn log_format(&self) -> Result<LogFormat> {
+        match self.log_format.as_str() {
+            "json" => Ok(LogFormat::Json),
+            "text" => Ok(LogFormat::Text),
+            _ => Err(invalid(ConfigProblem::InvalidLogFormat(
+                self.log_format.clone(),
+            ))),
+        }
+    }
+
+    /// The metrics path: `metrics_endpoint`, or `/metrics` when empty.
+    pub fn metrics_path(&self) -> &str {
+        if self.metrics_endpoint.is_empty() {
+            "/metrics"
+        } else {
+            &self.metrics_endpoint
+        }
+    }
+
+    /// Whether metrics are served.
+    pub fn metrics_enabled(&self) -> bool {
+        !self.metrics_addr.is_empty()
+    }
+
+    /// Where `/healthz` is served, if anywhere.
+    pub fn health_address(&self) -> Option<&str> {
+        match self.health_addr.as_deref() {
+            Some("") => None,
+            Some(addr) => Some(addr),
+            None if self.metrics_enabled() => Some(&self.metrics_addr),
+            None => Some(DEFAULT_HEALTH_ADDR),
+        }
+    }
+
+    fn validate_metrics(&self) -> Result<()> {
+        if !self.metrics_enabled() {
+            return Ok(());
+        }
+        let path = self.metrics_path();
+        if !path.starts_with('/') {
+            return Err(invalid(ConfigProblem::InvalidMetricsEndpoint(
+                path.to_owned(),
+            )));
+        }
+        if self.health_address() == Some(self.metrics_addr.as_str()) && path == HEALTH_PATH {
+            return Err(invalid(ConfigProblem::MetricsEndpointIsHealthPath));
+        }
+        crate::metrics::check_selection(self.metrics.as_ref()).map_err(invalid)
+    }
+}
+
+/// Renames keys that match a known key case-insensitively (when the exact key is absent) and drops `null`s, so
+/// serde sees what Go's decoder would have filled in.
+fn normalize_keys(object: Map<String, Value>) -> Map<String, Value> {
+    let mut exact = Map::new();
+    let mut folded = Vec::new();
+    for (key, value) in object {
+        if KEYS.contains(&key.as_str()) {
+            exact.insert(key, value);
+        } else if let Some(known) = KEYS.iter().find(|k| k.eq_ignore_ascii_case(&key)) {
+            folded.push(((*known).to_owned(), value));
+        }
+    }
+    for (key, value) in folded {
+        exact.entry(key).or_insert(value);
+    }
+    exact.retain(|_, value| !value.is_null());
+    exact
+}
+
+/// Secrets never appear in logs: Debug shows which credentials are set, not their values.
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = |s: &str| {
+            if s.is_empty() {
+                "<empty>"
+            } else {
+                "<redacted>"
+            }
+        };
+        f.debug_struct("Config")
+            .field("configure_url", &self.configure_url)
+            .field("vault_type", &self.vault_type)
+            .field("vault_lookup_key", &self.vault_lookup_key)
+            .field("azure_key_vault", &self.azure_key_vault)
+            .field("github_token", &set(&self.github_token))
+            .field("github_app_id", &self.github_app_id)
+            .field(
+                "github_app_installation_id",
+                &self.github_app_installation_id,
+            )
+            .field("github_app_private_key", &set(&self.github_app_private_key))
+            .field(
+                "ephemeral_runner_set_namespace",
+                &self.ephemeral_runner_set_namespace,
+            )
+            .field("ephemeral_runner_set_name", &self.ephemeral_runner_set_name)
+            .field("max_runners", &self.max_runners)
+            .field("min_runners", &self.min_runners)
+            .field("runner_scale_set_id", &self.runner_scale_set_id)
+            .field("runner_scale_set_name", &self.runner_scale_set_name)
+            .field("server_root_ca", &set(&self.server_root_ca))
+            .field("log_level", &self.log_level)
+            .field("log_format", &self.log_format)
+            .field("metrics_addr", &self.metrics_addr)
+            .field("metrics_endpoint", &self.metrics_endpoint)
+            .field("metrics", &self.metrics)
+            .field("health_addr", &self.health_addr)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,254 @@
+//! The crate's error type, and how the message loop classifies each failure.
+
+use std::path::PathBuf;
+
+use actions_client::ErrorKind;
+
+use crate::config::ConfigProblem;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How the message loop reacts to a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Severity {
+    /// Likely to clear by itself (5xx, resets, timeouts, a dropped session): short capped backoff.
+    Transient,
+    /// Needs someone to act (bad credentials, missing permission, scale set or EphemeralRunnerSet gone): long
+    /// capped backoff, reported as a metric, but the process stays up so it recovers once fixed.
+    Fatal,
+    /// The configuration can never work: the process exits.
+    Unrecoverable,
+}
+
+impl Severity {
+    /// Bounded metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Fatal => "fatal",
+            Self::Unrecoverable => "unrecoverable",
+        }
+    }
+}
+
+/// Every error this crate returns. Variants name the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `LISTENER_CONFIG_PATH` is not set.
+    #[error(
+        "the environment variable LISTENER_CONFIG_PATH is not set; it must name the JSON config file"
+    )]
+    ConfigPathUnset,
+    /// The config file could not be read.
+    #[error("reading the config file {path} failed")]
+    ReadConfig {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not the expected JSON.
+    #[error("decoding the config file failed: {0}")]
+    DecodeConfig(String),
+    /// The config decoded but is not usable.
+    #[error("invalid config: {0}")]
+    ValidateConfig(ConfigProblem),
+    /// The log subscriber could not be installed.
+    #[error("setting up logging failed: {0}")]
+    InitLogging(String),
+    /// The Actions client could not be built (credentials, proxy or root CA unusable).
+    #[error("building the GitHub Actions client failed")]
+    BuildActionsClient(#[source] actions_client::Error),
+    /// Neither an in-cluster configuration nor a kubeconfig was found.
+    #[error("loading the Kubernetes client configuration failed")]
+    InferKubeConfig(#[source] kube::config::InferConfigError),
+    /// The Kubernetes client could not be built.
+    #[error("building the Kubernetes client failed")]
+    BuildKubeClient(#[source] kube::Error),
+    /// An HTTP server (metrics, health) could not listen.
+    #[error("binding the {what} server to {addr:?} failed")]
+    BindServer {
+        /// `metrics` or `health`.
+        what: &'static str,
+        /// The configured address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An HTTP server stopped with an error.
+    #[error("serving {what} failed")]
+    Serve {
+        /// `metrics` or `health`.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating the message session failed.
+    #[error("creating the message session failed")]
+    CreateSession(#[source] actions_client::Error),
+    /// The service answered session creation with an unusable session.
+    #[error("the message session returned by the service is unusable: {0}")]
+    InvalidSession(&'static str),
+    /// The long poll failed.
+    #[error("polling the message queue failed")]
+    GetMessage(#[source] actions_client::Error),
+    /// Acknowledging a message failed.
+    #[error("acknowledging message {message_id} failed")]
+    DeleteMessage {
+        /// The message.
+        message_id: i64,
+        /// Why.
+        #[source]
+        source: actions_client::Error,
+    },
+    /// Acquiring jobs failed.
+    #[error("acquiring {count} job(s) failed")]
+    AcquireJobs {
+        /// How many were requested.
+        count: usize,
+        /// Why.
+        #[source]
+        source: actions_client::Error,
+    },
+    /// The replica patch of the EphemeralRunnerSet failed.
+    #[error("patching EphemeralRunnerSet {namespace}/{name} failed")]
+    PatchEphemeralRunnerSet {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The job status patch of an EphemeralRunner failed.
+    #[error("patching the status of EphemeralRunner {namespace}/{name} failed")]
+    PatchEphemeralRunner {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    /// How the message loop reacts to this error.
+    pub fn severity(&self) -> Severity {
+        match self {
+            Self::ConfigPathUnset
+            | Self::ReadConfig { .. }
+            | Self::DecodeConfig(_)
+            | Self::ValidateConfig(_)
+            | Self::InitLogging(_)
+            | Self::BuildActionsClient(_)
+            | Self::InferKubeConfig(_)
+            | Self::BuildKubeClient(_)
+            | Self::BindServer { .. }
+            | Self::Serve { .. } => Severity::Unrecoverable,
+            Self::InvalidSession(_) => Severity::Fatal,
+            Self::CreateSession(e)
+            | Self::GetMessage(e)
+            | Self::DeleteMessage { source: e, .. }
+            | Self::AcquireJobs { source: e, .. } => actions_severity(e),
+            Self::PatchEphemeralRunnerSet { source, .. }
+            | Self::PatchEphemeralRunner { source, .. } => kube_severity(source),
+        }
+    }
+
+    /// Whether the message session should be replaced before trying again: the service no longer accepts it
+    /// (dropped, token refresh failed, credentials changed), or an acquire failed after the offers were
+    /// acknowledged (a new session makes the service offer the unacquired jobs again). Network-level failures keep
+    /// the session: it is still valid once the network is back.
+    pub fn needs_new_session(&self) -> bool {
+        match self {
+            Self::InvalidSession(_) | Self::AcquireJobs { .. } => true,
+            Self::CreateSession(_) => false,
+            Self::GetMessage(e) | Self::DeleteMessage { source: e, .. } => !is_network_failure(e),
+            _ => false,
+        }
+    }
+
+    /// A bounded name of the failed operation, for metric labels.
+    pub fn operation(&self) -> &'static str {
+        match self {
+            Self::ConfigPathUnset
+            | Self::ReadConfig { .. }
+            | Self::DecodeConfig(_)
+            | Self::ValidateConfig(_) => "load_config",
+            Self::InitLogging(_) => "init_logging",
+            Self::BuildActionsClient(_) => "build_actions_client",
+            Self::InferKubeConfig(_) | Self::BuildKubeClient(_) => "build_kube_client",
+            Self::BindServer { .. } | Self::Serve { .. } => "serve_http",
+            Self::CreateSession(_) | Self::InvalidSession(_) => "create_session",
+            Self::GetMessage(_) => "get_message",
+            Self::DeleteMessage { .. } => "delete_message",
+            Self::AcquireJobs { .. } => "acquire_jobs",
+            Self::PatchEphemeralRunnerSet { .. } => "patch_ephemeral_runner_set",
+            Self::PatchEphemeralRunner { .. } => "patch_ephemeral_runner",
+        }
+    }
+
+    /// The HTTP status of the Kubernetes API answer, when this is a Kubernetes API error.
+    pub fn kube_status(&self) -> Option<u16> {
+        match self {
+            Self::PatchEphemeralRunnerSet {
+                source: kube::Error::Api(status),
+                ..
+            }
+            | Self::PatchEphemeralRunner {
+                source: kube::Error::Api(status),
+                ..
+            } => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
+fn is_network_failure(e: &actions_client::Error) -> bool {
+    matches!(
+        e.kind(),
+        Some(
+            ErrorKind::ServerError
+                | ErrorKind::RateLimited
+                | ErrorKind::Connect
+                | ErrorKind::Timeout
+                | ErrorKind::DeadlineExceeded
+                | ErrorKind::Transport
+        )
+    )
+}
+
+/// Actions Service failures: the transient ones clear by themselves; a dropped session or expired queue token
+/// clears with a new session; authentication, permission and a missing scale set need a person.
+fn actions_severity(e: &actions_client::Error) -> Severity {
+    let Some(kind) = e.kind() else {
+        // Not an HTTP exchange: the request could not even be built from the configuration.
+        return Severity::Unrecoverable;
+    };
+    if kind.is_retryable() {
+        return Severity::Transient;
+    }
+    match kind {
+        ErrorKind::MessageQueueTokenExpired
+        | ErrorKind::SessionNotFound
+        | ErrorKind::InvalidResponse => Severity::Transient,
+        _ => Severity::Fatal,
+    }
+}
+
+/// Kubernetes failures: server errors, throttling and connection problems are transient; everything the API
+/// server rejected on purpose (403 RBAC, 404 object gone, 422 invalid) needs a person or the controller.
+fn kube_severity(e: &kube::Error) -> Severity {
+    match e {
+        kube::Error::Api(status) if status.code == 429 || status.code >= 500 => Severity::Transient,
+        kube::Error::Api(_) => Severity::Fatal,
+        _ => Severity::Transient,
+    }
+}

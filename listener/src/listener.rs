@@ -1,0 +1,588 @@
+//! The message loop: session, long poll, message handling in ARC's order, scaling, and recovery.
+//!
+//! # Expected flow
+//! Create a session, scale to its statistics, then poll forever. Each message is handled completely, in this
+//! order: keep its statistics, acknowledge it, acquire every `JobAvailable`, handle every `JobStarted` (metrics,
+//! EphemeralRunner status), every `JobCompleted` (metrics), then scale to the message's `totalAssignedJobs`. An
+//! empty poll re-sends the scaling patch for the last statistics.
+//!
+//! # Guarantees (beyond ARC)
+//! * No service or Kubernetes error ends the loop. Transient ones are retried in place for a short budget, then
+//!   the loop backs off (capped, jittered) and resumes; the session is replaced when the service no longer
+//!   accepts it. Errors that need a person back off up to 5 minutes and set `gha_listener_fatal_error`.
+//! * The last message id survives session replacement. A message whose acknowledgement failed is polled again.
+//! * Scaling is never skipped: a failed replica patch is re-sent before the next poll, and the step after it
+//!   never asks the EphemeralRunnerSet to converge.
+//! * A failed EphemeralRunner status patch is retried before later polls instead of being dropped.
+//!
+//! # Shutdown
+//! Cancelling the token aborts a long poll or a backoff wait, but a message already received is handled to the
+//! end. The session is then deleted, bounded by a timeout rather than by the signal.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actions_client::{
+    ActionsClient, ClientOptions, Credentials, GitHubConfig, HttpOptions, MessageSessionClient,
+    RunnerScaleSetMessage, Statistics,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::{self, Backoff};
+use crate::error::{Error, Result, Severity};
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::scaling::{Scaler, runner_job_status_patch, runner_set_patch};
+use crate::target::{RunnerPatched, RunnerSetTarget};
+
+/// Timings of the loop. The defaults are for production; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Backoff after transient errors.
+    pub transient_backoff: Backoff,
+    /// Backoff after errors that need a person.
+    pub fatal_backoff: Backoff,
+    /// How long one step of message handling (ack, acquire, a patch) is retried in place before the loop backs
+    /// off as a whole.
+    pub step_retry_budget: Duration,
+    /// How long the loop may go without progress before `/healthz` fails: the long-poll attempt timeout plus a
+    /// margin for handling a message.
+    pub health_limit: Duration,
+    /// Transport settings of the Actions client.
+    pub http: HttpOptions,
+    /// Upper bound of deleting a session (at shutdown, or before replacing it).
+    pub close_timeout: Duration,
+    /// Tries of a failed EphemeralRunner status patch before it is given up.
+    pub runner_patch_attempts: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let http = HttpOptions::default();
+        Self {
+            transient_backoff: Backoff::TRANSIENT,
+            fatal_backoff: Backoff::FATAL,
+            step_retry_budget: Duration::from_secs(20),
+            health_limit: http.timeouts.long_poll_request + Duration::from_secs(30),
+            http,
+            close_timeout: Duration::from_secs(30),
+            runner_patch_attempts: 10,
+        }
+    }
+}
+
+/// What the loop needs to know about its scale set.
+#[derive(Debug, Clone)]
+pub struct ScaleSet {
+    /// The parsed config URL.
+    pub github: GitHubConfig,
+    /// GitHub credentials.
+    pub credentials: Credentials,
+    /// Actions client options (User-Agent, transport).
+    pub client_options: ClientOptions,
+    /// Scale set ID.
+    pub id: i64,
+    /// Session owner (the pod name).
+    pub owner_name: String,
+    /// `min_runners`.
+    pub min_runners: i64,
+    /// `max_runners`, also sent as the capacity on every poll.
+    pub max_runners: u32,
+}
+
+/// Why an iteration ended without error.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// A status patch that failed and is tried again later.
+struct PendingRunnerPatch {
+    runner: String,
+    patch: serde_json::Value,
+    attempts: u32,
+}
+
+/// The message loop.
+pub struct MessageLoop<T> {
+    scale_set: ScaleSet,
+    settings: Settings,
+    target: T,
+    metrics: Option<Arc<Metrics>>,
+    health: Health,
+    client: ActionsClient,
+    rebuild_client: bool,
+    session: Option<MessageSessionClient>,
+    scaler: Scaler,
+    last_message_id: i64,
+    latest: Statistics,
+    rescale_pending: bool,
+    pending_runner_patches: Vec<PendingRunnerPatch>,
+    transient_failures: u32,
+    fatal_failures: u32,
+}
+
+impl<T: RunnerSetTarget> MessageLoop<T> {
+    /// A loop for `scale_set`, writing to `target`. Builds the Actions client (no network I/O).
+    pub fn new(
+        scale_set: ScaleSet,
+        settings: Settings,
+        target: T,
+        metrics: Option<Arc<Metrics>>,
+        health: Health,
+    ) -> Result<Self> {
+        let client = build_client(&scale_set)?;
+        Ok(Self {
+            scale_set,
+            settings,
+            target,
+            metrics,
+            health,
+            client,
+            rebuild_client: false,
+            session: None,
+            scaler: Scaler::default(),
+            last_message_id: 0,
+            latest: Statistics::default(),
+            rescale_pending: false,
+            pending_runner_patches: Vec::new(),
+            transient_failures: 0,
+            fatal_failures: 0,
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled (`Ok`) or an unrecoverable error happens; deletes the session either way.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        tracing::info!(scale_set_id = self.scale_set.id, "message loop starting");
+        let outcome = loop {
+            if shutdown.is_cancelled() {
+                break Ok(());
+            }
+            match self.iteration(&shutdown).await {
+                Ok(Flow::Continue) => self.succeeded(),
+                Ok(Flow::Stop) => break Ok(()),
+                Err(error) => match self.recover(error, &shutdown).await {
+                    Ok(Flow::Continue) => {}
+                    Ok(Flow::Stop) => break Ok(()),
+                    Err(error) => break Err(error),
+                },
+            }
+        };
+        self.close_session().await;
+        tracing::info!("message loop stopped");
+        outcome
+    }
+
+    fn succeeded(&mut self) {
+        if self.fatal_failures > 0 || self.transient_failures > 0 {
+            tracing::info!("recovered; polling normally again");
+        }
+        self.transient_failures = 0;
+        self.fatal_failures = 0;
+        if let Some(m) = &self.metrics {
+            m.set_fatal(false);
+        }
+    }
+
+    /// One poll, with whatever has to happen before it (a new session, a pending scaling patch).
+    async fn iteration(&mut self, shutdown: &CancellationToken) -> Result<Flow> {
+        self.flush_runner_patches().await;
+        if self.session.is_none() {
+            let created = tokio::select! {
+                created = self.create_session() => created,
+                () = shutdown.cancelled() => return Ok(Flow::Stop),
+            };
+            created?;
+        } else if self.rescale_pending {
+            let desired = self.scale(self.latest.total_assigned_jobs).await?;
+            self.record_desired(desired);
+        }
+        let Some(session) = &self.session else {
+            return Ok(Flow::Continue);
+        };
+        tracing::info!(
+            last_message_id = self.last_message_id,
+            "polling for a message"
+        );
+        let polled = tokio::select! {
+            polled = session.get_message(self.last_message_id, self.scale_set.max_runners) => polled,
+            () = shutdown.cancelled() => return Ok(Flow::Stop),
+        };
+        let message = polled.map_err(Error::GetMessage)?;
+        self.health.poll_completed();
+        match message {
+            // Same statistics as before; ARC does not update the desired gauge on this path.
+            None => {
+                self.scale(self.latest.total_assigned_jobs).await?;
+            }
+            Some(message) => self.process(message).await?,
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Creates a session and performs ARC's initial step: scale to the session's statistics. Jobs queued while
+    /// no listener ran are counted there, so they are served at once.
+    async fn create_session(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.rebuild_client) {
+            // A fresh client fetches a fresh admin token: the old one may have been revoked server-side, and the
+            // client only renews it by its expiry claim.
+            self.client = build_client(&self.scale_set)?;
+        }
+        let session = self
+            .client
+            .message_session(self.scale_set.id, &self.scale_set.owner_name)
+            .await
+            .map_err(Error::CreateSession)?;
+        let snapshot = session.session().await;
+        if snapshot.session_id.is_nil() {
+            return Err(Error::InvalidSession("its id is the nil UUID"));
+        }
+        let Some(statistics) = snapshot.statistics else {
+            close_quietly(&session, self.settings.close_timeout).await;
+            return Err(Error::InvalidSession("it carries no statistics"));
+        };
+        tracing::info!(session_id = %snapshot.session_id, owner = %snapshot.owner_name, "message session created");
+        self.session = Some(session);
+        self.health.poll_completed();
+        self.latest = statistics;
+        if let Some(m) = &self.metrics {
+            m.record_statistics(&statistics);
+        }
+        tracing::info!(
+            total_assigned_jobs = statistics.total_assigned_jobs,
+            "handling the session's initial statistics"
+        );
+        let desired = self.scale(statistics.total_assigned_jobs).await?;
+        self.record_desired(desired);
+        Ok(())
+    }
+
+    fn record_desired(&self, desired: i64) {
+        if let Some(m) = &self.metrics {
+            m.record_desired(desired);
+        }
+    }
+
+    /// Handles one message in ARC's order. Everything after the acknowledgement runs even when acquiring failed,
+    /// so job events and scaling are never lost to an acquire error.
+    async fn process(&mut self, message: RunnerScaleSetMessage) -> Result<()> {
+        let previous_id = std::mem::replace(&mut self.last_message_id, message.message_id);
+        match message.statistics {
+            Some(statistics) => {
+                self.latest = statistics;
+                if let Some(m) = &self.metrics {
+                    m.record_statistics(&statistics);
+                }
+            }
+            None => tracing::warn!(
+                message_id = message.message_id,
+                "message has no statistics; scaling on the last known ones"
+            ),
+        }
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        let acked = retry_transient(&self.settings, "acknowledge the message", || {
+            session.delete_message(message.message_id)
+        })
+        .await;
+        if let Err(source) = acked {
+            // Not acknowledged: poll it again rather than skip it.
+            self.last_message_id = previous_id;
+            return Err(Error::DeleteMessage {
+                message_id: message.message_id,
+                source,
+            });
+        }
+        let acquire_error = self.acquire(&message).await.err();
+        for job in message.started() {
+            if let Some(m) = &self.metrics {
+                m.record_job_started(job);
+            }
+            let info = &job.job;
+            tracing::info!(
+                runner_name = %job.runner_name,
+                owner = %info.owner_name,
+                repository = %info.repository_name,
+                job_id = %info.job_id,
+                workflow_ref = %info.job_workflow_ref,
+                workflow_run_id = info.workflow_run_id,
+                job_display_name = %info.job_display_name,
+                request_id = info.runner_request_id,
+                "job started"
+            );
+            // Before the patch, so a failed patch still counts as an event.
+            self.scaler.mark_dirty();
+            if job.runner_name.is_empty() {
+                tracing::warn!(
+                    request_id = info.runner_request_id,
+                    "JobStarted without a runner name; no runner to update"
+                );
+                continue;
+            }
+            let patch = runner_job_status_patch(job);
+            self.patch_runner(job.runner_name.clone(), patch).await;
+        }
+        for job in message.completed() {
+            if let Some(m) = &self.metrics {
+                m.record_job_completed(job);
+            }
+            tracing::info!(runner_name = %job.runner_name, result = %job.result, request_id = job.job.runner_request_id, "job completed");
+            self.scaler.mark_dirty();
+        }
+        let desired = self.scale(self.latest.total_assigned_jobs).await?;
+        self.record_desired(desired);
+        acquire_error.map_or(Ok(()), Err)
+    }
+
+    async fn acquire(&self, message: &RunnerScaleSetMessage) -> Result<()> {
+        let ids: Vec<i64> = message
+            .available()
+            .map(|job| job.job.runner_request_id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        tracing::info!(count = ids.len(), "acquiring jobs");
+        let acquired = retry_transient(&self.settings, "acquire jobs", || {
+            session.acquire_jobs(&ids)
+        })
+        .await
+        .map_err(|source| Error::AcquireJobs {
+            count: ids.len(),
+            source,
+        })?;
+        tracing::info!(count = acquired.len(), "acquired jobs");
+        Ok(())
+    }
+
+    /// Patches a runner's job fields; a failure is queued for later instead of holding up scaling.
+    async fn patch_runner(&mut self, runner: String, patch: serde_json::Value) {
+        let result = retry_transient(&self.settings, "patch the EphemeralRunner status", || {
+            self.target.patch_runner_status(&runner, &patch)
+        })
+        .await;
+        match result {
+            Ok(RunnerPatched::Patched) => {
+                tracing::info!(runner = %runner, "EphemeralRunner status updated")
+            }
+            Ok(RunnerPatched::NotFound) => {
+                tracing::info!(runner = %runner, "EphemeralRunner not found; skipping its status update");
+            }
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), runner = %runner, "EphemeralRunner status update failed; will retry");
+                self.record_error(&error);
+                self.pending_runner_patches.push(PendingRunnerPatch {
+                    runner,
+                    patch,
+                    attempts: 1,
+                });
+            }
+        }
+    }
+
+    async fn flush_runner_patches(&mut self) {
+        let pending = std::mem::take(&mut self.pending_runner_patches);
+        for mut item in pending {
+            match self
+                .target
+                .patch_runner_status(&item.runner, &item.patch)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(runner = %item.runner, "EphemeralRunner status updated on retry")
+                }
+                Err(error) => {
+                    item.attempts += 1;
+                    self.record_error(&error);
+                    if item.attempts >= self.settings.runner_patch_attempts {
+                        tracing::error!(error = %error_chain(&error), runner = %item.runner, attempts = item.attempts, "giving up on the EphemeralRunner status update");
+                    } else {
+                        self.pending_runner_patches.push(item);
+                    }
+                }
+            }
+        }
+    }
+
+    /// ARC's scaling step: decide, then always patch, even when nothing changed.
+    async fn scale(&mut self, assigned_jobs: i64) -> Result<i64> {
+        let decision = self.scaler.decide(
+            assigned_jobs,
+            self.scale_set.min_runners,
+            i64::from(self.scale_set.max_runners),
+        );
+        let patch = runner_set_patch(decision);
+        tracing::info!(
+            assigned_jobs,
+            target = decision.target,
+            patch_id = decision.patch_id,
+            min = self.scale_set.min_runners,
+            max = self.scale_set.max_runners,
+            "scaling decision"
+        );
+        let result = retry_transient(&self.settings, "patch the EphemeralRunnerSet", || {
+            self.target.patch_runner_set(&patch)
+        })
+        .await;
+        match result {
+            Ok(replicas) => {
+                self.rescale_pending = false;
+                tracing::info!(replicas, patch = %patch, "EphemeralRunnerSet patched");
+                Ok(decision.target)
+            }
+            Err(error) => {
+                self.scaler.patch_failed();
+                self.rescale_pending = true;
+                Err(error)
+            }
+        }
+    }
+
+    fn record_error(&self, error: &Error) {
+        if let Some(m) = &self.metrics {
+            m.record_error(error.severity(), error.operation());
+        }
+    }
+
+    /// Logs and counts the error, replaces the session if needed, and waits. The first fatal error in a row uses
+    /// the short backoff: a revoked admin token, for one, is fixed by the new client built for the new session.
+    async fn recover(&mut self, error: Error, shutdown: &CancellationToken) -> Result<Flow> {
+        let severity = error.severity();
+        if severity == Severity::Unrecoverable {
+            tracing::error!(error = %error_chain(&error), "unrecoverable error; stopping");
+            return Err(error);
+        }
+        self.record_error(&error);
+        if error.needs_new_session() {
+            self.drop_session().await;
+        }
+        let (policy, attempt) = if severity == Severity::Fatal && self.fatal_failures > 0 {
+            self.fatal_failures += 1;
+            (self.settings.fatal_backoff, self.fatal_failures - 2)
+        } else {
+            if severity == Severity::Fatal {
+                self.fatal_failures += 1;
+            }
+            self.transient_failures += 1;
+            (self.settings.transient_backoff, self.transient_failures - 1)
+        };
+        if let Some(m) = &self.metrics {
+            m.set_fatal(severity == Severity::Fatal);
+        }
+        let wait = policy.delay(attempt, backoff::jitter());
+        if severity == Severity::Fatal {
+            tracing::error!(error = %error_chain(&error), operation = error.operation(), wait_secs = wait.as_secs_f64(), "error that needs attention; backing off");
+        } else {
+            tracing::warn!(error = %error_chain(&error), operation = error.operation(), wait_secs = wait.as_secs_f64(), "transient error; backing off");
+        }
+        self.health.backing_off(wait);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => Ok(Flow::Continue),
+            () = shutdown.cancelled() => Ok(Flow::Stop),
+        }
+    }
+
+    /// Forgets the session after deleting it on the service, so the next one is not refused as a second session.
+    async fn drop_session(&mut self) {
+        if let Some(session) = self.session.take() {
+            close_quietly(&session, self.settings.close_timeout).await;
+        }
+        self.rebuild_client = true;
+    }
+
+    async fn close_session(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        match tokio::time::timeout(self.settings.close_timeout, session.close()).await {
+            Ok(Ok(())) => tracing::info!("message session deleted"),
+            Ok(Err(error)) => {
+                tracing::error!(error = %error, "deleting the message session failed")
+            }
+            Err(_) => {
+                tracing::error!(timeout = ?self.settings.close_timeout, "deleting the message session timed out")
+            }
+        }
+    }
+}
+
+fn build_client(scale_set: &ScaleSet) -> Result<ActionsClient> {
+    ActionsClient::new(
+        scale_set.github.clone(),
+        &scale_set.credentials,
+        scale_set.client_options.clone(),
+    )
+    .map_err(Error::BuildActionsClient)
+}
+
+async fn close_quietly(session: &MessageSessionClient, timeout: Duration) {
+    match tokio::time::timeout(timeout, session.close()).await {
+        Ok(Ok(())) => tracing::debug!("old message session deleted"),
+        Ok(Err(error)) => {
+            tracing::debug!(error = %error, "old message session could not be deleted (probably gone already)")
+        }
+        Err(_) => tracing::debug!("deleting the old message session timed out"),
+    }
+}
+
+/// Retries `op` while it fails transiently and the budget lasts. Errors that need a new session or a person
+/// are returned at once.
+async fn retry_transient<F, Fut, V, E>(settings: &Settings, what: &str, mut op: F) -> Result<V, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<V, E>>,
+    E: Classify + std::fmt::Display,
+{
+    let started = tokio::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Ok(value) => return Ok(value),
+            Err(error) if error.retry_in_place() => {
+                let wait = settings.transient_backoff.delay(attempt, backoff::jitter());
+                if started.elapsed() + wait > settings.step_retry_budget {
+                    return Err(error);
+                }
+                tracing::warn!(error = %error, what, wait_secs = wait.as_secs_f64(), "transient failure; retrying");
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Whether an error is worth retrying in place.
+trait Classify {
+    fn retry_in_place(&self) -> bool;
+}
+
+impl Classify for Error {
+    fn retry_in_place(&self) -> bool {
+        self.severity() == Severity::Transient && !self.needs_new_session()
+    }
+}
+
+impl Classify for actions_client::Error {
+    fn retry_in_place(&self) -> bool {
+        // Session trouble (expired queue token after the refresh, dropped session) is for the loop to handle.
+        self.is_retryable()
+    }
+}
+
+/// The error and its sources on one line, for logs.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
