@@ -50,6 +50,9 @@ const OBJECT_META_MARKERS: [&str; 4] = [
 /// (`LocalObjectReference`, `ConfigMapKeySelector`, `SecretEnvSource`, ...).
 const DEFAULTED_REFERENT_NAME: &str = "Name of the referent. This field is effectively required, but due to backwards compatibility is allowed to be empty.";
 
+/// The syntax of a `resource.Quantity` string, as upstream's OpenAPI declares it.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
 /// Adjusts a generated CRD schema, everywhere in it, so the API server accepts the same objects as with ARC's
 /// CRDs and stores them the same way:
 /// - embedded `ObjectMeta` (pod templates, volume claim templates) keeps only [`EMBEDDED_OBJECT_META_FIELDS`];
@@ -57,8 +60,11 @@ const DEFAULTED_REFERENT_NAME: &str = "Name of the referent. This field is effec
 /// - object references whose `name` upstream defaults to `""` get that default instead of requiring `name`, and
 ///   are atomic maps (k8s-openapi's schemas mark `name` required, which would reject templates ARC accepts);
 /// - `nullable` is removed: ARC's CRDs have none, so the API server drops `null` fields instead of storing them;
-/// - `format`s other than [`ALLOWED_FORMATS`] are removed.
+/// - `format`s other than [`ALLOWED_FORMATS`] are removed;
+/// - resource quantities get [`QUANTITY_PATTERN`], so a malformed quantity in a pod template is rejected when the
+///   object is written (as with ARC) rather than when a pod is created from it.
 pub fn finalize(schema: &mut JSONSchemaProps) {
+    add_quantity_patterns(schema);
     for_each_schema(schema, &mut |node| {
         node.nullable = None;
         if node
@@ -75,6 +81,26 @@ pub fn finalize(schema: &mut JSONSchemaProps) {
             default_referent_name(node);
         }
     });
+}
+
+/// k8s-openapi gives `IntOrString` and `Quantity` the same schema (`x-kubernetes-int-or-string`), and a field's
+/// description replaces the type's. In the core/v1 pod types the only `IntOrString` fields are named `port`
+/// (probes and lifecycle handlers); every other int-or-string value is a `Quantity` (resource limits, requests and
+/// overhead, `divisor`, `sizeLimit`).
+fn add_quantity_patterns(schema: &mut JSONSchemaProps) {
+    for (key, child) in schema.properties.iter_mut().flatten() {
+        if key != "port" && child.x_kubernetes_int_or_string == Some(true) {
+            child.pattern = Some(QUANTITY_PATTERN.to_owned());
+        }
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(values)) = schema.additional_properties.as_mut()
+        && values.x_kubernetes_int_or_string == Some(true)
+    {
+        values.pattern = Some(QUANTITY_PATTERN.to_owned());
+    }
+    for child in children_mut(schema) {
+        add_quantity_patterns(child);
+    }
 }
 
 fn is_object_meta(schema: &JSONSchemaProps) -> bool {

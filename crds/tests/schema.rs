@@ -568,3 +568,49 @@ fn descriptions_have_no_rustdoc_links() {
         });
     }
 }
+
+#[test]
+fn quantities_have_the_quantity_pattern_and_ports_do_not() {
+    use crds::schema::QUANTITY_PATTERN;
+    let er = root_schema("EphemeralRunner");
+    for quantity in [
+        "spec.spec.containers[].resources.limits{}",
+        "spec.spec.containers[].resources.requests{}",
+        "spec.spec.containers[].env[].valueFrom.resourceFieldRef.divisor",
+        "spec.spec.volumes[].emptyDir.sizeLimit",
+        "spec.spec.overhead{}",
+    ] {
+        assert_eq!(
+            at(&er, quantity).pattern.as_deref(),
+            Some(QUANTITY_PATTERN),
+            "{quantity}"
+        );
+    }
+    for port in [
+        "spec.spec.containers[].livenessProbe.httpGet.port",
+        "spec.spec.containers[].readinessProbe.tcpSocket.port",
+    ] {
+        assert_eq!(at(&er, port).pattern, None, "{port}");
+        assert_eq!(
+            at(&er, port).x_kubernetes_int_or_string,
+            Some(true),
+            "{port}"
+        );
+    }
+    for kind in KINDS {
+        walk(&root_schema(kind), "", &mut |path, node| {
+            if node.x_kubernetes_int_or_string == Some(true) {
+                assert_eq!(
+                    node.pattern.is_some(),
+                    !path.ends_with(".port"),
+                    "{kind} {path}"
+                );
+            } else {
+                assert_eq!(
+                    node.pattern, None,
+                    "{kind} {path}: only quantities have a pattern"
+                );
+            }
+        });
+    }
+}
