@@ -12,6 +12,7 @@
 //! binary exits, whether it passes, panics or is killed: see [`process`].
 
 mod assets;
+mod binaries;
 mod control_plane;
 mod crds;
 pub mod executor;
@@ -28,6 +29,7 @@ use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
 pub use assets::{K8S_VERSION, PROVISION_COMMAND, assets_dir, binary};
+pub use binaries::workspace_binary;
 pub use control_plane::ControlPlane;
 pub use crds::{FIELD_MANAGER, apply_crds};
 pub use executor::{LISTENER_POD_SELECTOR, ListenerExecutor};
@@ -69,6 +71,12 @@ pub enum Error {
     Kubeconfig(#[source] kube::config::KubeconfigError),
     #[error("talking to the API server")]
     Kube(#[source] kube::Error),
+    #[error("`cargo build -p {package} --bin {bin}` failed:\n{stderr}")]
+    BuildBinary {
+        package: String,
+        bin: String,
+        stderr: String,
+    },
     #[error("CustomResourceDefinition {name} was not Established within {timeout:?}")]
     CrdNotEstablished { name: String, timeout: Duration },
     #[error("namespace {namespace} got no default service account within {timeout:?}")]

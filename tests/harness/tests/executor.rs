@@ -162,3 +162,12 @@ async fn runs_listener_pods_and_mirrors_them_in_pod_status() {
     assert!(executor.errors().is_empty(), "{:?}", executor.errors());
     executor.stop();
 }
+
+#[test]
+fn workspace_binaries_are_built_on_demand() {
+    let path = test_harness::workspace_binary("fake-actions-service", "fake-actions-service")
+        .expect("build the fake's binary");
+    assert!(path.is_file(), "{}", path.display());
+    let err = test_harness::workspace_binary("fake-actions-service", "no-such-binary").unwrap_err();
+    assert!(err.to_string().contains("no-such-binary"), "{err}");
+}

@@ -1,0 +1,66 @@
+//! The project's own binaries (the listener, the manager, the fake Actions Service) for tests that run them as
+//! processes.
+//!
+//! Cargo builds a package's binaries only for that package's own integration tests, so a test of another
+//! package asks cargo for the binary itself. `cargo build` is a no-op when the binary is fresh, and the path comes
+//! from cargo's JSON messages, so `CARGO_TARGET_DIR` and profiles just work.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use crate::Error;
+
+/// Builds (if needed) binary `bin` of workspace package `package` and returns its path.
+pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
+    // One build per binary per test process; concurrent tests wait for it.
+    static BUILT: OnceLock<Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Mutex::default);
+    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
+    let key = format!("{package}/{bin}");
+    if let Some((_, path)) = built.iter().find(|(k, _)| *k == key) {
+        return Ok(path.clone());
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut cmd = Command::new(&cargo);
+    cmd.args([
+        "build",
+        "--message-format=json",
+        "-p",
+        package,
+        "--bin",
+        bin,
+    ]);
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let output = cmd.output().map_err(|source| Error::StartProcess {
+        name: format!("{cargo} build -p {package} --bin {bin}"),
+        source,
+    })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let path = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|msg| msg["reason"] == "compiler-artifact" && msg["target"]["name"] == bin)
+        .find_map(|msg| msg["executable"].as_str().map(PathBuf::from));
+    match path {
+        Some(path) if output.status.success() => {
+            built.push((key, path.clone()));
+            Ok(path)
+        }
+        _ => Err(Error::BuildBinary {
+            package: package.to_owned(),
+            bin: bin.to_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }),
+    }
+}
