@@ -34,7 +34,9 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::runner::{desired_runner, runner_spec_hash, scale_set_identity};
-use super::scale::{Census, ScalePlan, plan, removal_candidates};
+use super::scale::{
+    APPLIED_PATCH_ID_ANNOTATION, Census, ScalePlan, applied_patch_id, plan, removal_candidates,
+};
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -285,13 +287,21 @@ impl<'a> SetStep<'a> {
     /// The scaling step; returns when to come back early (a scale-down waiting for runners to become
     /// removable).
     async fn scale(&self, census: &Census) -> Result<Option<Duration>> {
-        let decision = plan(self.set.spec.replicas, self.set.spec.patch_id, census);
+        let patch_id = self.set.spec.patch_id;
+        let applied = applied_patch_id(
+            self.set.annotations().get(APPLIED_PATCH_ID_ANNOTATION),
+            census,
+        );
+        let decision = plan(self.set.spec.replicas, patch_id, applied, census);
         let result = match decision {
             ScalePlan::AlreadyApplied => return Ok(None),
             ScalePlan::Hold => Ok(None),
             ScalePlan::Create(count) => self.create_runners(count).await.map(|()| None),
             ScalePlan::Remove(count) => self.remove_idle(census, count).await,
         };
+        if result.is_ok() && patch_id > 0 {
+            self.record_applied_patch(patch_id).await?;
+        }
         // Finished runners go whenever a scaling step ran; failures here are only logged, as in ARC.
         for runner in &census.finished {
             if let Err(error) = delete_if_present(
@@ -306,6 +316,26 @@ impl<'a> SetStep<'a> {
             }
         }
         result
+    }
+
+    async fn record_applied_patch(&self, patch_id: i64) -> Result<()> {
+        let value = patch_id.to_string();
+        if self.set.annotations().get(APPLIED_PATCH_ID_ANNOTATION) == Some(&value) {
+            return Ok(());
+        }
+        let patch =
+            json!({ "metadata": { "annotations": { APPLIED_PATCH_ID_ANNOTATION: value } } });
+        self.api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|source| Error::PatchObject {
+                kind: KIND,
+                what: "applied patch id",
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                source: Box::new(source),
+            })
     }
 
     async fn create_runners(&self, count: usize) -> Result<()> {

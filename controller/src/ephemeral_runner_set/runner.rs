@@ -44,6 +44,7 @@ pub fn desired_runner(
     );
     let mut annotations: BTreeMap<String, String> = set.annotations().clone();
     annotations.remove(LAST_APPLIED_ANNOTATION);
+    annotations.remove(super::scale::APPLIED_PATCH_ID_ANNOTATION);
     annotations.insert(
         PATCH_ID_ANNOTATION.to_owned(),
         set.spec.patch_id.to_string(),

@@ -124,10 +124,25 @@ pub enum ScalePlan {
     Hold,
 }
 
+/// Which patch id was last acted upon: the set's [`APPLIED_PATCH_ID_ANNOTATION`] when present, else (ARC's rule)
+/// the highest patch id recorded on its runners.
+pub fn applied_patch_id(annotation: Option<&String>, census: &Census) -> i64 {
+    annotation
+        .and_then(|value| value.parse::<i64>().ok())
+        .unwrap_or(census.latest_patch_id)
+}
+
+/// Annotation on an EphemeralRunnerSet: the last positive patch id whose scaling step completed.
+///
+/// ARC infers "this patch was acted upon" from the patch ids on the runners, so a controller that stops half-way
+/// through a scale-up (crash, API errors) never finishes that patch: the runners it did create carry the id.
+/// Recording completion separately lets the next pass, or the next process, finish the job.
+pub const APPLIED_PATCH_ID_ANNOTATION: &str = "actions.github.com/applied-patch-id";
+
 /// The patch-ID protocol (§3.3.3): `patch_id` 0 is authoritative (scale both ways); a positive one only scales
-/// up, once.
-pub fn plan(replicas: i64, patch_id: i64, census: &Census) -> ScalePlan {
-    if patch_id > 0 && patch_id == census.latest_patch_id {
+/// up, once (`applied` is the last patch id acted upon, see [`applied_patch_id`]).
+pub fn plan(replicas: i64, patch_id: i64, applied: i64, census: &Census) -> ScalePlan {
+    if patch_id > 0 && patch_id == applied {
         return ScalePlan::AlreadyApplied;
     }
     let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
@@ -314,15 +329,36 @@ mod tests {
     #[test]
     fn patch_protocol() {
         let census = Census::of([runner("a", "Running", 1, 1, false, Some(4))]);
-        assert_eq!(plan(3, 4, &census), ScalePlan::AlreadyApplied);
-        assert_eq!(plan(3, 5, &census), ScalePlan::Create(2));
-        assert_eq!(plan(0, 5, &census), ScalePlan::Hold);
-        assert_eq!(plan(0, 0, &census), ScalePlan::Remove(1));
-        assert_eq!(plan(1, 0, &census), ScalePlan::Hold);
-        assert_eq!(plan(-3, 0, &census), ScalePlan::Remove(1));
+        let applied = applied_patch_id(None, &census);
+        assert_eq!(applied, 4);
+        assert_eq!(plan(3, 4, applied, &census), ScalePlan::AlreadyApplied);
+        assert_eq!(plan(3, 5, applied, &census), ScalePlan::Create(2));
+        assert_eq!(plan(0, 5, applied, &census), ScalePlan::Hold);
+        assert_eq!(plan(0, 0, applied, &census), ScalePlan::Remove(1));
+        assert_eq!(plan(1, 0, applied, &census), ScalePlan::Hold);
+        assert_eq!(plan(-3, 0, applied, &census), ScalePlan::Remove(1));
         // Patch 0 is never "already applied", even when a runner carries patch id 0.
         let zero = Census::of([runner("a", "Running", 1, 1, false, Some(0))]);
-        assert_eq!(plan(2, 0, &zero), ScalePlan::Create(1));
+        assert_eq!(
+            plan(2, 0, applied_patch_id(None, &zero), &zero),
+            ScalePlan::Create(1)
+        );
+    }
+
+    #[test]
+    fn an_interrupted_scale_up_is_finished() {
+        // Patch 4 created one of three runners, then the controller stopped: the annotation still says 3.
+        let census = Census::of([runner("a", "Pending", 1, 1, false, Some(4))]);
+        let recorded = "3".to_owned();
+        let applied = applied_patch_id(Some(&recorded), &census);
+        assert_eq!(plan(3, 4, applied, &census), ScalePlan::Create(2));
+        let done = "4".to_owned();
+        assert_eq!(
+            plan(3, 4, applied_patch_id(Some(&done), &census), &census),
+            ScalePlan::AlreadyApplied
+        );
+        let garbage = "x".to_owned();
+        assert_eq!(applied_patch_id(Some(&garbage), &census), 4);
     }
 
     #[test]
@@ -368,7 +404,7 @@ mod tests {
                 .map(|(i, (phase, created, id, job, patch))| runner(&format!("r{i}"), &phase, created, id, job, patch))
                 .collect();
             let census = Census::of(runners);
-            let plan = plan(replicas, patch_id, &census);
+            let plan = plan(replicas, patch_id, applied_patch_id(None, &census), &census);
             if patch_id > 0 {
                 prop_assert!(!matches!(plan, ScalePlan::Remove(_)));
             }

@@ -1,0 +1,360 @@
+//! Shared set-up of the controller integration tests: a real control plane (test-harness), the fake Actions
+//! Service with one scale set, the manager running in-process, and a stand-in kubelet that drives pod status.
+
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::Duration;
+
+use actions_client::{
+    ActionsClient, ClientOptions, Credentials, GitHubConfig, RunnerScaleSet, SecretString,
+};
+use controller::{Manager, Options};
+use crds::{EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetSpec, EphemeralRunnerSpec};
+use fake_actions_service::FakeActionsService;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use test_harness::TestContext;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Name of the GitHub credentials Secret the tests create.
+pub const CREDENTIALS: &str = "github-credentials";
+/// How long a test waits for a condition before failing.
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// One test's world.
+pub struct Env {
+    pub ctx: TestContext,
+    pub fake: FakeActionsService,
+    pub config_url: String,
+    pub scale_set_id: i64,
+    pub actions: ActionsClient,
+}
+
+/// A manager running in this process.
+pub struct Running {
+    shutdown: CancellationToken,
+    task: JoinHandle<controller::Result<()>>,
+}
+
+impl Running {
+    /// Graceful stop: in-flight reconciles finish.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task
+            .await
+            .expect("manager task")
+            .expect("manager result");
+    }
+
+    /// Hard stop, as if the process were killed: everything in flight is dropped.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+impl Env {
+    pub async fn new(prefix: &str) -> Self {
+        let ctx = TestContext::new(prefix).await;
+        test_harness::apply_crds(&ctx.client, &crds::all_crds())
+            .await
+            .expect("install CRDs");
+        let fake = FakeActionsService::start(fake_actions_service::Config::default())
+            .await
+            .expect("start the fake Actions Service");
+        let config_url = format!("{}/org/repo", fake.base_url());
+        let secrets: Api<Secret> = ctx.api();
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(CREDENTIALS.to_owned()),
+                ..ObjectMeta::default()
+            },
+            data: Some([("github_token".to_owned(), ByteString(b"ghp_test".to_vec()))].into()),
+            ..Secret::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create the credentials Secret");
+        let actions = ActionsClient::new(
+            GitHubConfig::parse(&config_url).expect("config URL"),
+            &Credentials::Pat(SecretString::new("ghp_test")),
+            ClientOptions::default(),
+        )
+        .expect("Actions client");
+        let scale_set = actions
+            .create_runner_scale_set(&RunnerScaleSet {
+                name: format!("set-{prefix}"),
+                runner_group_id: 1,
+                ..RunnerScaleSet::default()
+            })
+            .await
+            .expect("create the scale set");
+        Self {
+            ctx,
+            fake,
+            config_url,
+            scale_set_id: scale_set.id,
+            actions,
+        }
+    }
+
+    /// Options with short delays, watching this test's namespace only.
+    pub fn options(&self) -> Options {
+        let mut options = Options {
+            watch_namespace: Some(self.ctx.namespace.clone()),
+            build_version: "test".to_owned(),
+            actions_call_timeout: Duration::from_secs(10),
+            resync_interval: Duration::from_secs(10),
+            error_backoff_min: Duration::from_millis(100),
+            error_backoff_max: Duration::from_secs(2),
+            ..Options::default()
+        };
+        options.runner.failure_backoff_base = Duration::from_millis(100);
+        options.runner.job_still_running_requeue = Duration::from_millis(500);
+        options.runner.pod_rejection_retry = Duration::from_secs(1);
+        options.runner.disruption_backoff_max = Duration::from_secs(1);
+        options.scale_down.ready_grace_period = Duration::ZERO;
+        options
+    }
+
+    pub fn start(&self, options: Options) -> Running {
+        let shutdown = CancellationToken::new();
+        let manager = Manager::new(self.ctx.client.clone(), options);
+        let task = tokio::spawn(manager.run(shutdown.clone()));
+        Running { shutdown, task }
+    }
+
+    pub fn sets(&self) -> Api<EphemeralRunnerSet> {
+        self.ctx.api()
+    }
+
+    pub fn runners_api(&self) -> Api<EphemeralRunner> {
+        self.ctx.api()
+    }
+
+    pub fn pods_api(&self) -> Api<Pod> {
+        self.ctx.api()
+    }
+
+    pub fn secrets_api(&self) -> Api<Secret> {
+        self.ctx.api()
+    }
+
+    /// Creates a set named `name` with a one-container runner template.
+    pub async fn create_set(&self, name: &str, replicas: i64, patch_id: i64) -> EphemeralRunnerSet {
+        let mut set = EphemeralRunnerSet::new(
+            name,
+            EphemeralRunnerSetSpec {
+                replicas,
+                patch_id,
+                ephemeral_runner_spec: EphemeralRunnerSpec {
+                    github_config_url: self.config_url.clone(),
+                    github_config_secret: CREDENTIALS.to_owned(),
+                    runner_scale_set_id: self.scale_set_id,
+                    spec: PodSpec {
+                        containers: vec![Container {
+                            name: "runner".to_owned(),
+                            image: Some("ghcr.io/actions/actions-runner:latest".to_owned()),
+                            ..Container::default()
+                        }],
+                        restart_policy: Some("Never".to_owned()),
+                        ..PodSpec::default()
+                    },
+                    ..EphemeralRunnerSpec::default()
+                },
+                ephemeral_runner_metadata: None,
+            },
+        );
+        set.metadata.labels = Some(
+            [(
+                "actions.github.com/scale-set-name".to_owned(),
+                name.to_owned(),
+            )]
+            .into(),
+        );
+        self.sets()
+            .create(&PostParams::default(), &set)
+            .await
+            .expect("create the EphemeralRunnerSet")
+    }
+
+    /// What the listener does: a merge patch of `replicas` and `patchID` (`replicas: 0` is sent as null).
+    pub async fn scale(&self, name: &str, replicas: i64, patch_id: i64) {
+        let replicas = if replicas == 0 {
+            json!(null)
+        } else {
+            json!(replicas)
+        };
+        self.sets()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "replicas": replicas, "patchID": patch_id } })),
+            )
+            .await
+            .expect("scale the set");
+    }
+
+    pub async fn runners(&self) -> Vec<EphemeralRunner> {
+        self.runners_api()
+            .list(&ListParams::default())
+            .await
+            .expect("list runners")
+            .items
+    }
+
+    pub async fn pods(&self) -> Vec<Pod> {
+        self.pods_api()
+            .list(&ListParams::default())
+            .await
+            .expect("list pods")
+            .items
+    }
+
+    /// JIT config Secrets (those with a `jitToken`).
+    pub async fn jit_secrets(&self) -> Vec<Secret> {
+        self.secrets_api()
+            .list(&ListParams::default())
+            .await
+            .expect("list secrets")
+            .items
+            .into_iter()
+            .filter(|secret| {
+                secret
+                    .data
+                    .as_ref()
+                    .is_some_and(|data| data.contains_key("jitToken"))
+            })
+            .collect()
+    }
+
+    /// Runner names registered in the fake for this test's scale set.
+    pub fn registered(&self) -> BTreeSet<String> {
+        self.fake
+            .state()
+            .snapshot()
+            .runners
+            .into_iter()
+            .filter(|runner| runner.scale_set_id == self.scale_set_id)
+            .map(|runner| runner.name)
+            .collect()
+    }
+
+    /// Waits until `check` returns `Some`, polling.
+    pub async fn eventually<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The stand-in kubelet: the runner container runs and the pod is Ready.
+    pub async fn run_pod(&self, name: &str) {
+        let now = serde_json::to_value(Time(Timestamp::now())).expect("time");
+        let status = json!({
+            "status": {
+                "phase": "Running",
+                "conditions": [
+                    { "type": "PodScheduled", "status": "True", "lastTransitionTime": now },
+                    { "type": "Ready", "status": "True", "lastTransitionTime": now },
+                ],
+                "containerStatuses": [{
+                    "name": "runner",
+                    "image": "ghcr.io/actions/actions-runner:latest",
+                    "imageID": "",
+                    "ready": true,
+                    "restartCount": 0,
+                    "started": true,
+                    "state": { "running": { "startedAt": now } },
+                }],
+            }
+        });
+        self.pods_api()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .expect("set the pod running");
+    }
+
+    /// The stand-in kubelet: the runner container exited with `exit_code` and the pod ended in `phase`, with an
+    /// optional pod-level reason (e.g. `Evicted`).
+    pub async fn end_pod(
+        &self,
+        name: &str,
+        phase: &str,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) {
+        let now = serde_json::to_value(Time(Timestamp::now())).expect("time");
+        let container_statuses = match exit_code {
+            Some(code) => json!([{
+                "name": "runner",
+                "image": "ghcr.io/actions/actions-runner:latest",
+                "imageID": "",
+                "ready": false,
+                "restartCount": 0,
+                "state": { "terminated": { "exitCode": code, "startedAt": now, "finishedAt": now } },
+            }]),
+            None => json!([]),
+        };
+        let mut status = json!({
+            "phase": phase,
+            "conditions": [{ "type": "Ready", "status": "False", "lastTransitionTime": now }],
+            "containerStatuses": container_statuses,
+        });
+        if let Some(reason) = reason {
+            status["reason"] = json!(reason);
+            status["message"] = json!(format!("stand-in kubelet: {reason}"));
+        }
+        self.pods_api()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .expect("end the pod");
+    }
+
+    /// Runner pods, by name, with their uids.
+    pub async fn pod_uids(&self) -> Vec<(String, String)> {
+        self.pods()
+            .await
+            .into_iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .map(|pod| (pod.name_any(), pod.uid().unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// Runners of a list that are registered (have a runner id).
+pub fn registered_runners(runners: &[EphemeralRunner]) -> usize {
+    runners
+        .iter()
+        .filter(|runner| {
+            runner
+                .status
+                .as_ref()
+                .is_some_and(|status| status.runner_id != 0)
+        })
+        .count()
+}

@@ -1,0 +1,495 @@
+//! The EphemeralRunnerSet and EphemeralRunner controllers against a real API server (test-harness) and the
+//! fake Actions Service, with the manager running in-process and the test acting as kubelet and listener.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{Env, registered_runners};
+use crds::EphemeralRunner;
+use fake_actions_service::{EnqueueJobs, RunnerSelector};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+fn runner_id(runner: &EphemeralRunner) -> i64 {
+    runner.status.as_ref().map_or(0, |status| status.runner_id)
+}
+
+/// Gives the runner registered as `runner_id` a job in the fake: the runner comes online, a job is enqueued and
+/// acquired by a message session, and the fake assigns it to the idle runner. Returns the job's request id.
+async fn assign_job(env: &Env, runner_id: i64) -> i64 {
+    let state = env.fake.state();
+    state
+        .mark_runner_online(&RunnerSelector {
+            runner_id: Some(runner_id),
+            jit_config: None,
+        })
+        .expect("runner online");
+    let session = env
+        .actions
+        .create_message_session(env.scale_set_id, "test-listener")
+        .await
+        .expect("message session");
+    let ids = state
+        .enqueue_jobs(&EnqueueJobs {
+            scale_set_id: Some(env.scale_set_id),
+            count: 1,
+            ..EnqueueJobs::default()
+        })
+        .expect("enqueue a job");
+    env.actions
+        .acquire_jobs(env.scale_set_id, &session.message_queue_access_token, &ids)
+        .await
+        .expect("acquire the job");
+    let job = state.job(ids[0]).expect("job");
+    assert_eq!(
+        job.runner_id,
+        Some(runner_id),
+        "the fake gave the job to the runner: {job:?}"
+    );
+    ids[0]
+}
+
+/// What the listener writes on the runner when a job starts.
+async fn report_job(env: &Env, runner: &str, job_id: &str) {
+    env.runners_api()
+        .patch_status(
+            runner,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": {
+                "jobRequestId": 42,
+                "jobId": job_id,
+                "jobRepositoryName": "org/repo",
+                "jobWorkflowRef": "org/repo/.github/workflows/ci.yml@refs/heads/main",
+                "workflowRunId": 9001,
+                "jobDisplayName": "build",
+            } })),
+        )
+        .await
+        .expect("report the job");
+}
+
+#[tokio::test]
+async fn a_set_scales_from_0_to_50_and_back_to_0() {
+    let env = Env::new("ers-scale").await;
+    env.create_set("arc", 0, 0).await;
+    let manager = env.start(env.options());
+
+    env.scale("arc", 50, 1).await;
+    let runners = env
+        .eventually("50 registered runners with pods", || async {
+            let runners = env.runners().await;
+            assert!(
+                runners.len() <= 50,
+                "never more runners than asked for: {}",
+                runners.len()
+            );
+            let pods = env.pods().await;
+            (registered_runners(&runners) == 50 && pods.len() == 50).then_some(runners)
+        })
+        .await;
+    let names: BTreeSet<String> = runners.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(
+        env.registered(),
+        names,
+        "every runner is registered once, under its own name"
+    );
+    assert_eq!(env.jit_secrets().await.len(), 50);
+    for runner in &runners {
+        assert_eq!(runner.annotations()["actions.github.com/patch-id"], "1");
+        assert_eq!(
+            runner.finalizers(),
+            [
+                "ephemeralrunner.actions.github.com/finalizer",
+                "ephemeralrunner.actions.github.com/runner-registration-finalizer"
+            ]
+        );
+    }
+    // Half the pods start running; the rest stay pending.
+    for name in names.iter().take(25) {
+        env.run_pod(name).await;
+    }
+    env.eventually("status counts", || async {
+        let set = env.sets().get("arc").await.expect("set");
+        let status = set.status.unwrap_or_default();
+        (status.current_replicas == 50
+            && status.running_ephemeral_runners == 25
+            && status.pending_ephemeral_runners == 25)
+            .then_some(())
+    })
+    .await;
+
+    env.scale("arc", 0, 0).await;
+    env.eventually(
+        "no runners, pods, Secrets or registrations left",
+        || async {
+            let done = env.runners().await.is_empty()
+                && env.pods().await.is_empty()
+                && env.jit_secrets().await.is_empty()
+                && env.registered().is_empty();
+            done.then_some(())
+        },
+    )
+    .await;
+    env.eventually("status at zero", || async {
+        let status = env
+            .sets()
+            .get("arc")
+            .await
+            .expect("set")
+            .status
+            .unwrap_or_default();
+        (status.current_replicas == 0).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_runner_whose_pod_keeps_failing_is_replaced() {
+    let env = Env::new("er-failures").await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+
+    let first = env
+        .eventually("a runner", || async {
+            env.runners().await.into_iter().next().map(|r| r.name_any())
+        })
+        .await;
+    let mut seen_pods = BTreeSet::new();
+    let mut seen_tokens = BTreeSet::new();
+    // ARC's budget: the sixth failure gives the runner up.
+    for attempt in 1..=6 {
+        let uid = env
+            .eventually("a new pod", || async {
+                env.pod_uids()
+                    .await
+                    .into_iter()
+                    .find(|(name, uid)| *name == first && !seen_pods.contains(uid))
+                    .map(|(_, uid)| uid)
+            })
+            .await;
+        seen_pods.insert(uid);
+        let secret = env.secrets_api().get(&first).await.expect("JIT Secret");
+        let token = secret.data.expect("data")["jitToken"].0.clone();
+        assert!(
+            seen_tokens.insert(token),
+            "attempt {attempt} got a fresh JIT config"
+        );
+        env.end_pod(&first, "Failed", Some(1), None).await;
+        if attempt < 6 {
+            env.eventually("the failure recorded", || async {
+                let runner = env.runners_api().get(&first).await.ok()?;
+                let failures = runner.status?.failures.len();
+                (failures == attempt).then_some(())
+            })
+            .await;
+        }
+    }
+    let replacement = env
+        .eventually("a replacement runner", || async {
+            let runners = env.runners().await;
+            let gone = runners.iter().all(|runner| runner.name_any() != first);
+            let other = runners
+                .into_iter()
+                .find(|runner| runner.name_any() != first);
+            if gone { other } else { None }
+        })
+        .await;
+    assert!(
+        replacement
+            .status
+            .is_none_or(|status| status.failures.is_empty())
+    );
+    env.eventually("the old registration removed", || async {
+        (!env.registered().contains(&first)).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn an_eviction_is_not_counted_as_a_failure() {
+    let env = Env::new("er-eviction").await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+
+    let (name, uid) = env
+        .eventually("a pod", || async {
+            env.pod_uids().await.into_iter().next()
+        })
+        .await;
+    env.run_pod(&name).await;
+    env.end_pod(&name, "Failed", Some(137), Some("Evicted"))
+        .await;
+    let (_, new_uid) = env
+        .eventually("a new pod for the same runner", || async {
+            env.pod_uids()
+                .await
+                .into_iter()
+                .find(|(n, u)| *n == name && *u != uid)
+        })
+        .await;
+    assert_ne!(new_uid, uid);
+    let runner = env
+        .runners_api()
+        .get(&name)
+        .await
+        .expect("the runner is kept");
+    let status = runner.status.expect("status");
+    assert!(
+        status.failures.is_empty(),
+        "evictions are not failures: {:?}",
+        status.failures
+    );
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_runner_busy_on_removal_is_requeued_until_its_job_ends() {
+    let env = Env::new("er-busy").await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+
+    let runner = env
+        .eventually("a registered runner", || async {
+            env.runners()
+                .await
+                .into_iter()
+                .find(|runner| runner_id(runner) != 0)
+        })
+        .await;
+    let name = runner.name_any();
+    env.run_pod(&name).await;
+    let job = assign_job(&env, runner_id(&runner)).await;
+    env.runners_api()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the runner");
+    // The service refuses to remove a runner with a job: the runner and its pod stay.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = env.runners_api().get(&name).await.expect("still there");
+    assert!(kept.metadata.deletion_timestamp.is_some());
+    assert!(
+        env.pods_api().get(&name).await.is_ok(),
+        "the busy runner's pod is not deleted"
+    );
+    assert!(env.registered().contains(&name));
+
+    env.fake.state().start_job(job).expect("start the job");
+    env.fake
+        .state()
+        .finish_job(job, "succeeded")
+        .expect("finish the job");
+    env.eventually("the runner gone after its job", || async {
+        env.runners_api()
+            .get_opt(&name)
+            .await
+            .expect("get")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_zombie_runner_is_replaced() {
+    let env = Env::new("er-zombie").await;
+    env.create_set("arc", 1, 0).await;
+    let mut options = env.options();
+    options.runner.registration_check_interval = Duration::from_millis(500);
+    let manager = env.start(options);
+
+    let runner = env
+        .eventually("a registered runner", || async {
+            env.runners()
+                .await
+                .into_iter()
+                .find(|runner| runner_id(runner) != 0)
+        })
+        .await;
+    let name = runner.name_any();
+    env.eventually("its pod", || async {
+        env.pods_api().get_opt(&name).await.ok().flatten()
+    })
+    .await;
+    env.run_pod(&name).await;
+    env.eventually("the runner running", || async {
+        let runner = env.runners_api().get(&name).await.ok()?;
+        (runner.status?.phase == "Running").then_some(())
+    })
+    .await;
+    env.fake
+        .state()
+        .deregister_runner(runner_id(&runner))
+        .expect("forget the registration");
+    let replacement = env
+        .eventually("a replacement", || async {
+            let runners = env.runners().await;
+            let old_gone = runners.iter().all(|runner| runner.name_any() != name);
+            let new = runners
+                .into_iter()
+                .find(|runner| runner.name_any() != name && runner_id(runner) != 0);
+            if old_gone { new } else { None }
+        })
+        .await;
+    assert!(env.registered().contains(&replacement.name_any()));
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn job_metadata_appears_on_the_pod() {
+    let env = Env::new("er-job-labels").await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+
+    let name = env
+        .eventually("a pod", || async {
+            env.pod_uids()
+                .await
+                .into_iter()
+                .next()
+                .map(|(name, _)| name)
+        })
+        .await;
+    env.run_pod(&name).await;
+    report_job(&env, &name, "job-7f3a").await;
+    let pod = env
+        .eventually("job labels on the pod", || async {
+            let pod = env.pods_api().get(&name).await.ok()?;
+            pod.labels()
+                .contains_key("actions.github.com/job-id")
+                .then_some(pod)
+        })
+        .await;
+    let labels = pod.labels();
+    assert_eq!(labels["actions.github.com/job-id"], "job-7f3a");
+    assert_eq!(labels["actions.github.com/workflow-run-id"], "9001");
+    assert_eq!(labels["actions.github.com/job-repository-owner"], "org");
+    assert_eq!(labels["actions.github.com/job-repository-name"], "repo");
+    assert_eq!(labels["actions.github.com/job-workflow"], "ci.yml");
+    let annotations = pod.annotations();
+    assert_eq!(annotations["actions.github.com/job-repository"], "org/repo");
+    assert_eq!(
+        annotations["actions.github.com/job-workflow-ref"],
+        "org/repo/.github/workflows/ci.yml@refs/heads/main"
+    );
+    // The template's own labels are untouched.
+    assert_eq!(labels["actions-ephemeral-runner"], "True");
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_set_keeps_busy_runners_until_their_jobs_end() {
+    let env = Env::new("ers-delete").await;
+    env.create_set("arc", 3, 0).await;
+    let manager = env.start(env.options());
+
+    let runners = env
+        .eventually("three registered runners with pods", || async {
+            let runners = env.runners().await;
+            (registered_runners(&runners) == 3 && env.pods().await.len() == 3).then_some(runners)
+        })
+        .await;
+    for runner in &runners {
+        env.run_pod(&runner.name_any()).await;
+    }
+    let busy = &runners[0];
+    let busy_name = busy.name_any();
+    let job = assign_job(&env, runner_id(busy)).await;
+    env.fake.state().start_job(job).expect("start the job");
+    report_job(&env, &busy_name, "job-1").await;
+
+    env.sets()
+        .delete("arc", &DeleteParams::default())
+        .await
+        .expect("delete the set");
+    env.eventually("only the busy runner left", || async {
+        let names: Vec<String> = env
+            .runners()
+            .await
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        (names == [busy_name.clone()]).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        env.pods_api().get(&busy_name).await.is_ok(),
+        "the busy pod keeps running"
+    );
+    assert!(
+        env.sets().get_opt("arc").await.expect("get").is_some(),
+        "the set waits"
+    );
+    assert!(env.registered().contains(&busy_name));
+
+    // The job ends: the service forgets the runner and the runner exits 0.
+    env.fake
+        .state()
+        .finish_job(job, "succeeded")
+        .expect("finish the job");
+    env.end_pod(&busy_name, "Succeeded", Some(0), None).await;
+    env.eventually("the set and its runners gone", || async {
+        let gone = env.sets().get_opt("arc").await.expect("get").is_none()
+            && env.runners().await.is_empty()
+            && env.pods().await.is_empty()
+            && env.jit_secrets().await.is_empty();
+        gone.then_some(())
+    })
+    .await;
+    assert!(env.registered().is_empty());
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_manager_killed_mid_scale_converges_without_duplicates_or_orphans() {
+    let env = Env::new("ers-restart").await;
+    env.create_set("arc", 0, 0).await;
+    let first = env.start(env.options());
+    env.scale("arc", 40, 1).await;
+    env.eventually("scaling under way", || async {
+        let runners = env.runners().await;
+        (runners.len() >= 5 && registered_runners(&runners) < 40).then_some(())
+    })
+    .await;
+    first.kill().await;
+
+    let second = env.start(env.options());
+    let runners = env
+        .eventually("40 registered runners with pods and Secrets", || async {
+            let runners = env.runners().await;
+            assert!(
+                runners.len() <= 40,
+                "no duplicate runners: {}",
+                runners.len()
+            );
+            let ready = registered_runners(&runners) == 40
+                && env.pods().await.len() == 40
+                && env.jit_secrets().await.len() == 40;
+            ready.then_some(runners)
+        })
+        .await;
+    let names: BTreeSet<String> = runners.iter().map(ResourceExt::name_any).collect();
+    env.eventually("one registration per runner", || async {
+        (env.registered() == names).then_some(())
+    })
+    .await;
+    let pod_names: BTreeSet<String> = env.pods().await.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(pod_names, names, "every pod belongs to a runner");
+
+    env.scale("arc", 0, 0).await;
+    env.eventually("everything cleaned up", || async {
+        let clean = env.runners().await.is_empty()
+            && env.pods().await.is_empty()
+            && env.jit_secrets().await.is_empty()
+            && env.registered().is_empty();
+        clean.then_some(())
+    })
+    .await;
+    second.stop().await;
+}
