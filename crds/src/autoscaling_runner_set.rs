@@ -110,7 +110,7 @@ pub struct AutoscalingRunnerSetSpec {
 
 // Fields are always serialised, zero values included (not `omitempty` in ARC).
 /// Observed state, copied from the EphemeralRunnerSet.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AutoscalingRunnerSetStatus {
     /// Runners that exist (pending + running + failed).
@@ -133,6 +133,11 @@ pub struct AutoscalingRunnerSetStatus {
     #[serde(default)]
     #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
     pub failed_ephemeral_runners: i64,
+    /// Not in ARC: why runners are (or are not) being created, e.g. `Ready=False` with reason
+    /// `CredentialsInvalid` or `RunnerGroupNotFound`. Omitted when empty, so the status ARC writes is unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = crate::schema::no_default)]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 impl AutoscalingRunnerSetSpec {
