@@ -228,9 +228,20 @@ fn is_network_failure(e: &actions_client::Error) -> bool {
 /// Actions Service failures: the transient ones clear by themselves; a dropped session or expired queue token
 /// clears with a new session; authentication, permission and a missing scale set need a person.
 fn actions_severity(e: &actions_client::Error) -> Severity {
-    let Some(kind) = e.kind() else {
-        // Not an HTTP exchange: the request could not even be built from the configuration.
-        return Severity::Unrecoverable;
+    use actions_client::Error as E;
+    let kind = match e {
+        E::Request(request) => request.kind,
+        // The configuration itself is unusable: no retry can help.
+        E::ParseConfigUrl { .. }
+        | E::ValidateCredentials(_)
+        | E::LoadAppPrivateKey(_)
+        | E::SignAppJwt(_)
+        | E::LoadRootCa { .. }
+        | E::ConfigureProxy { .. }
+        | E::BuildHttpClient(_) => return Severity::Unrecoverable,
+        // Something the service sent cannot be used (an admin token without expiry, a malformed queue URL):
+        // worth retrying slowly, the service may answer differently later.
+        _ => return Severity::Fatal,
     };
     if kind.is_retryable() {
         return Severity::Transient;
@@ -250,5 +261,164 @@ fn kube_severity(e: &kube::Error) -> Severity {
         kube::Error::Api(status) if status.code == 429 || status.code >= 500 => Severity::Transient,
         kube::Error::Api(_) => Severity::Fatal,
         _ => Severity::Transient,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actions_client::{Operation, RequestError};
+    use http::{Method, StatusCode};
+
+    use super::*;
+
+    fn actions(kind: ErrorKind, status: Option<u16>) -> actions_client::Error {
+        actions_client::Error::from(RequestError {
+            operation: Operation::GetMessage,
+            kind,
+            method: Method::GET,
+            url: "http://fake/queue".into(),
+            status: status.map(|s| StatusCode::from_u16(s).expect("status")),
+            exception: None,
+            body: None,
+            activity_id: None,
+            github_request_id: None,
+            attempts: 1,
+            detail: None,
+            source: None,
+        })
+    }
+
+    fn kube_api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("x", "y")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    fn patch_set(code: u16) -> Error {
+        Error::PatchEphemeralRunnerSet {
+            namespace: "ns".into(),
+            name: "n".into(),
+            source: kube_api(code),
+        }
+    }
+
+    #[test]
+    fn classification_table() {
+        use ErrorKind as K;
+        // (error, severity, needs a new session)
+        let cases: Vec<(Error, Severity, bool)> = vec![
+            (
+                Error::GetMessage(actions(K::ServerError, Some(503))),
+                Severity::Transient,
+                false,
+            ),
+            (
+                Error::GetMessage(actions(K::Connect, None)),
+                Severity::Transient,
+                false,
+            ),
+            (
+                Error::GetMessage(actions(K::Transport, None)),
+                Severity::Transient,
+                false,
+            ),
+            (
+                Error::GetMessage(actions(K::MessageQueueTokenExpired, Some(401))),
+                Severity::Transient,
+                true,
+            ),
+            (
+                Error::GetMessage(actions(K::SessionNotFound, Some(404))),
+                Severity::Transient,
+                true,
+            ),
+            (
+                Error::GetMessage(actions(K::Unauthorized, Some(401))),
+                Severity::Fatal,
+                true,
+            ),
+            (
+                Error::GetMessage(actions(K::UnsupportedMessageType, Some(200))),
+                Severity::Fatal,
+                true,
+            ),
+            (
+                Error::CreateSession(actions(K::SessionConflict, Some(409))),
+                Severity::Transient,
+                false,
+            ),
+            (
+                Error::CreateSession(actions(K::Unauthorized, Some(401))),
+                Severity::Fatal,
+                false,
+            ),
+            (
+                Error::CreateSession(actions(K::Forbidden, Some(403))),
+                Severity::Fatal,
+                false,
+            ),
+            (
+                Error::CreateSession(actions(K::ScaleSetNotFound, Some(404))),
+                Severity::Fatal,
+                false,
+            ),
+            (
+                Error::CreateSession(actions(K::TlsCertificate, None)),
+                Severity::Fatal,
+                false,
+            ),
+            (
+                Error::CreateSession(actions_client::Error::ReadAdminTokenExpiry {
+                    reason: "x".into(),
+                }),
+                Severity::Fatal,
+                false,
+            ),
+            (
+                Error::CreateSession(actions_client::Error::LoadRootCa { reason: "x".into() }),
+                Severity::Unrecoverable,
+                false,
+            ),
+            (
+                Error::DeleteMessage {
+                    message_id: 1,
+                    source: actions(K::ServerError, Some(500)),
+                },
+                Severity::Transient,
+                false,
+            ),
+            (
+                Error::AcquireJobs {
+                    count: 1,
+                    source: actions(K::ServerError, Some(500)),
+                },
+                Severity::Transient,
+                true,
+            ),
+            (Error::InvalidSession("x"), Severity::Fatal, true),
+            (patch_set(500), Severity::Transient, false),
+            (patch_set(429), Severity::Transient, false),
+            (patch_set(404), Severity::Fatal, false),
+            (patch_set(403), Severity::Fatal, false),
+            (patch_set(422), Severity::Fatal, false),
+            (Error::ConfigPathUnset, Severity::Unrecoverable, false),
+            (
+                Error::BindServer {
+                    what: "metrics",
+                    addr: ":1".into(),
+                    source: std::io::Error::other("in use"),
+                },
+                Severity::Unrecoverable,
+                false,
+            ),
+        ];
+        for (error, severity, new_session) in cases {
+            assert_eq!(error.severity(), severity, "{error:?}");
+            assert_eq!(error.needs_new_session(), new_session, "{error:?}");
+        }
+        assert_eq!(patch_set(404).kube_status(), Some(404));
+        assert_eq!(patch_set(404).operation(), "patch_ephemeral_runner_set");
     }
 }
