@@ -296,6 +296,9 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             });
         }
         let acquire_error = self.acquire(&message).await.err();
+        // Once one status patch failed despite retries, the API server is unlikely to take the next ones either:
+        // try those once and queue them, so a message with many starts cannot stall the loop.
+        let mut retry_runner_patches = true;
         for job in message.started() {
             if let Some(m) = &self.metrics {
                 m.record_job_started(job);
@@ -322,7 +325,9 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 continue;
             }
             let patch = runner_job_status_patch(job);
-            self.patch_runner(job.runner_name.clone(), patch).await;
+            retry_runner_patches &= self
+                .patch_runner(job.runner_name.clone(), patch, retry_runner_patches)
+                .await;
         }
         for job in message.completed() {
             if let Some(m) = &self.metrics {
@@ -360,12 +365,23 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         Ok(())
     }
 
-    /// Patches a runner's job fields; a failure is queued for later instead of holding up scaling.
-    async fn patch_runner(&mut self, runner: String, patch: serde_json::Value) {
-        let result = retry_transient(&self.settings, "patch the EphemeralRunner status", || {
-            self.target.patch_runner_status(&runner, &patch)
-        })
-        .await;
+    /// Patches a runner's job fields (retrying transient failures in place when `retry`); a failure is queued
+    /// for later instead of holding up scaling. Returns whether the patch went through.
+    async fn patch_runner(
+        &mut self,
+        runner: String,
+        patch: serde_json::Value,
+        retry: bool,
+    ) -> bool {
+        let result = if retry {
+            retry_transient(&self.settings, "patch the EphemeralRunner status", || {
+                self.target.patch_runner_status(&runner, &patch)
+            })
+            .await
+        } else {
+            self.target.patch_runner_status(&runner, &patch).await
+        };
+        let patched = result.is_ok();
         match result {
             Ok(RunnerPatched::Patched) => {
                 tracing::info!(runner = %runner, "EphemeralRunner status updated")
@@ -383,6 +399,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 });
             }
         }
+        patched
     }
 
     async fn flush_runner_patches(&mut self) {

@@ -580,3 +580,53 @@ async fn shutdown_deletes_the_session() {
     assert!(fake.state().snapshot().sessions.is_empty());
     assert_eq!(fake.state().count("delete_session"), 1);
 }
+
+#[tokio::test]
+async fn failing_runner_patches_are_queued_without_stalling_scaling() {
+    let settings = Settings {
+        runner_patch_attempts: 1000,
+        ..fast_settings()
+    };
+    let running = Running::start_with(fake_config(), 0, 10, settings, |_, _| {}).await;
+    for name in ["r-1", "r-2", "r-3"] {
+        online_runner(&running.fake, running.scale_set_id, name).await;
+    }
+    let jobs = running.enqueue(3);
+    running.wait_replicas(3, "three jobs assigned").await;
+    let assigned = eventually(WAIT, || {
+        jobs.iter()
+            .all(|id| running.fake.state().job(*id).unwrap().runner_name.is_some())
+    })
+    .await;
+    assert!(assigned);
+    running.target.with(|r| r.fail_runner_patches = u32::MAX);
+    for id in &jobs {
+        running.fake.state().start_job(*id).unwrap();
+    }
+    // The loop keeps polling and scaling while every status patch fails.
+    let polls = running.fake.state().count("get_message");
+    let more_polls = eventually(Duration::from_secs(10), || {
+        running.fake.state().count("get_message") >= polls + 3
+    })
+    .await;
+    assert!(
+        more_polls,
+        "the loop stalled on failing EphemeralRunner patches"
+    );
+    running.target.with(|r| r.fail_runner_patches = 0);
+    let all = eventually(WAIT, || {
+        let mut names: Vec<String> = running
+            .target
+            .runner_patches()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        names.sort();
+        names.dedup();
+        names == ["r-1", "r-2", "r-3"]
+    })
+    .await;
+    assert!(all, "{:?}", running.target.runner_patches());
+    running.assert_running();
+    running.stop().await;
+}
