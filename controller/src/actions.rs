@@ -400,6 +400,113 @@ impl Actions {
     }
 }
 
+/// Scale-set operations of the AutoscalingRunnerSet controller (spec §3.5).
+impl Actions {
+    /// The id of runner group `name`; an empty name is the default group (id 1) without a call.
+    pub async fn runner_group_id(&self, name: &str) -> Result<i64> {
+        if name.is_empty() {
+            return Ok(actions_client::DEFAULT_RUNNER_GROUP_ID);
+        }
+        self.call(
+            "get_runner_group_by_name",
+            self.client.get_runner_group_by_name(name),
+        )
+        .await?
+        .map(|group| group.id)
+        .map_err(|source| Error::GetRunnerGroup {
+            group: name.to_owned(),
+            source,
+        })
+    }
+
+    /// The scale set named `name` in runner group `group_id`, or `None`.
+    pub async fn get_scale_set(
+        &self,
+        group_id: i64,
+        name: &str,
+    ) -> Result<Option<actions_client::RunnerScaleSet>> {
+        self.call(
+            "get_runner_scale_set",
+            self.client.get_runner_scale_set(group_id, name),
+        )
+        .await?
+        .map_err(|source| Error::GetScaleSet {
+            scale_set: name.to_owned(),
+            source,
+        })
+    }
+
+    /// The scale set with `id`, or `None` when the service no longer knows it.
+    pub async fn get_scale_set_by_id(
+        &self,
+        id: i64,
+    ) -> Result<Option<actions_client::RunnerScaleSet>> {
+        match self
+            .call(
+                "get_runner_scale_set_by_id",
+                self.client.get_runner_scale_set_by_id(id),
+            )
+            .await?
+        {
+            Ok(found) => Ok(found),
+            Err(error) if error.is(ErrorKind::ScaleSetNotFound) => Ok(None),
+            Err(source) => Err(Error::GetScaleSet {
+                scale_set: id.to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Creates a scale set.
+    pub async fn create_scale_set(
+        &self,
+        scale_set: &actions_client::RunnerScaleSet,
+    ) -> Result<actions_client::RunnerScaleSet> {
+        let created = self
+            .call(
+                "create_runner_scale_set",
+                self.client.create_runner_scale_set(scale_set),
+            )
+            .await?
+            .map_err(|source| Error::CreateScaleSet {
+                scale_set: scale_set.name.clone(),
+                source,
+            })?;
+        // Later calls of this (cached) client identify the scale set in their User-Agent, as ARC's do.
+        self.client.set_scale_set_id(created.id);
+        Ok(created)
+    }
+
+    /// Updates the fields set in `change` of scale set `id`.
+    pub async fn update_scale_set(
+        &self,
+        id: i64,
+        change: &actions_client::RunnerScaleSet,
+    ) -> Result<actions_client::RunnerScaleSet> {
+        self.call(
+            "update_runner_scale_set",
+            self.client.update_runner_scale_set(id, change),
+        )
+        .await?
+        .map_err(|source| Error::UpdateScaleSet { id, source })
+    }
+
+    /// Deletes scale set `id`; one the service no longer knows counts as deleted.
+    pub async fn delete_scale_set(&self, id: i64) -> Result<()> {
+        match self
+            .call(
+                "delete_runner_scale_set",
+                self.client.delete_runner_scale_set(id),
+            )
+            .await?
+        {
+            Ok(()) => Ok(()),
+            Err(error) if error.is(ErrorKind::ScaleSetNotFound) => Ok(()),
+            Err(source) => Err(Error::DeleteScaleSet { id, source }),
+        }
+    }
+}
+
 /// Whether `error` is the service saying a runner of that name already exists.
 pub fn is_runner_exists(error: &Error) -> bool {
     matches!(error, Error::GenerateJitConfig { source, .. } if source.is(ErrorKind::RunnerExists))

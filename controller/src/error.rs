@@ -220,6 +220,65 @@ pub enum Error {
     #[error("{} step(s) failed; first: {}", .0.len(), .0.first().map(ToString::to_string).unwrap_or_default())]
     Several(Vec<Error>),
 
+    /// Looking up a runner group by name failed (including "no such group").
+    #[error("get runner group {group:?}: {source}")]
+    GetRunnerGroup {
+        /// Group name.
+        group: String,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// Reading a scale set from the Actions Service failed.
+    #[error("get runner scale set {scale_set}: {source}")]
+    GetScaleSet {
+        /// Name or id.
+        scale_set: String,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// The Actions Service refused to create a scale set.
+    #[error("create runner scale set {scale_set:?}: {source}")]
+    CreateScaleSet {
+        /// Name.
+        scale_set: String,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// Updating a scale set (name or runner group) failed.
+    #[error("update runner scale set {id}: {source}")]
+    UpdateScaleSet {
+        /// Scale set id.
+        id: i64,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// Deleting a scale set failed.
+    #[error("delete runner scale set {id}: {source}")]
+    DeleteScaleSet {
+        /// Scale set id.
+        id: i64,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// The listener of an AutoscalingListener cannot be configured from its spec.
+    #[error("configure listener {listener}: {reason}")]
+    InvalidListenerConfig {
+        /// AutoscalingListener name.
+        listener: String,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// A CRD the manager needs is not served by the API server.
     #[error("the {kind} API is not available (are the CRDs installed?): {source}")]
     CrdMissing {
@@ -276,6 +335,12 @@ impl Error {
             Self::Serialize { .. } => "serialize",
             Self::ProxyUrl { .. } => "proxy_url",
             Self::Several(_) => "several",
+            Self::GetRunnerGroup { .. } => "get_runner_group",
+            Self::GetScaleSet { .. } => "get_scale_set",
+            Self::CreateScaleSet { .. } => "create_scale_set",
+            Self::UpdateScaleSet { .. } => "update_scale_set",
+            Self::DeleteScaleSet { .. } => "delete_scale_set",
+            Self::InvalidListenerConfig { .. } => "invalid_listener_config",
             Self::CrdMissing { .. } => "crd_missing",
             Self::WatchNotReady { .. } => "watch_not_ready",
             Self::BuildKubeClient(_) => "build_kube_client",
@@ -293,7 +358,23 @@ impl Error {
             | Self::ReadProxyCredentials { .. }
             | Self::ReadTlsCertificate { .. }
             | Self::BuildActionsClient { .. }
-            | Self::ProxyUrl { .. } => true,
+            | Self::ProxyUrl { .. }
+            | Self::InvalidListenerConfig { .. } => true,
+            Self::GetRunnerGroup { source, .. }
+            | Self::GetScaleSet { source, .. }
+            | Self::CreateScaleSet { source, .. }
+            | Self::UpdateScaleSet { source, .. }
+            | Self::DeleteScaleSet { source, .. } => matches!(
+                source.kind(),
+                Some(
+                    actions_client::ErrorKind::Unauthorized
+                        | actions_client::ErrorKind::Forbidden
+                        | actions_client::ErrorKind::RunnerGroupNotFound
+                        | actions_client::ErrorKind::ScaleSetExists
+                        | actions_client::ErrorKind::AmbiguousName
+                        | actions_client::ErrorKind::TlsCertificate
+                ) | None
+            ),
             Self::GenerateJitConfig { source, .. }
             | Self::RemoveRunner { source, .. }
             | Self::GetRunner { source, .. } => {

@@ -11,6 +11,8 @@
 //! See `docs/runner-lifecycle.md` for the runner lifecycle and its failure handling.
 
 pub mod actions;
+pub mod autoscaling_listener;
+pub mod autoscaling_runner_set;
 pub mod cli;
 pub mod context;
 pub mod ephemeral_runner;

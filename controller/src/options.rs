@@ -41,6 +41,60 @@ pub struct Options {
     pub error_backoff_min: Duration,
     /// Backoff of failed reconciles: cap.
     pub error_backoff_max: Duration,
+    /// Listener settings (AutoscalingRunnerSet and AutoscalingListener controllers).
+    pub listener: ListenerSettings,
+    /// How many AutoscalingRunnerSets are reconciled at the same time.
+    pub autoscaling_runner_set_concurrency: u16,
+    /// How many AutoscalingListeners are reconciled at the same time.
+    pub autoscaling_listener_concurrency: u16,
+    /// How often an AutoscalingRunnerSet checks that its scale set still exists in the Actions Service (it is
+    /// re-created when deleted on GitHub's side).
+    pub scale_set_check_interval: Duration,
+    /// Least delay before retrying a failure that needs someone to fix the configuration (bad credentials, a
+    /// missing Secret, an unknown runner group), so such failures never loop hot.
+    pub configuration_error_backoff: Duration,
+}
+
+/// Field manager of the AutoscalingRunnerSet controller's server-side applies (status).
+pub const ARS_FIELD_MANAGER: &str = "arc-rs/autoscalingrunnerset";
+/// Field manager of the AutoscalingListener controller's server-side applies (listener Secrets and RBAC).
+pub const AL_FIELD_MANAGER: &str = "arc-rs/autoscalinglistener";
+
+/// What the AutoscalingRunnerSet and AutoscalingListener controllers need to build listeners (spec §3.2, §5.2).
+#[derive(Debug, Clone)]
+pub struct ListenerSettings {
+    /// Controller namespace (`CONTROLLER_MANAGER_POD_NAMESPACE`), where listeners, their pods, ServiceAccounts
+    /// and Secrets live. `None`: the two controllers do not run (the runner controllers still do).
+    pub namespace: Option<String>,
+    /// Listener image (`CONTROLLER_MANAGER_CONTAINER_IMAGE`, the manager's own).
+    pub image: String,
+    /// Listener container command (`LISTENER_ENTRYPOINT`).
+    pub entrypoint: String,
+    /// `imagePullSecrets` of listener pods (`--auto-scaler-image-pull-secrets`).
+    pub image_pull_secrets: Vec<String>,
+    /// Listener metrics address written into `config.json`; empty: no metrics.
+    pub metrics_addr: String,
+    /// Listener metrics path written into `config.json`.
+    pub metrics_endpoint: String,
+    /// Listener `log_level`.
+    pub log_level: String,
+    /// Listener `log_format`.
+    pub log_format: String,
+}
+
+impl Default for ListenerSettings {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            image: String::new(),
+            entrypoint: "/ghalistener".to_owned(),
+            image_pull_secrets: Vec::new(),
+            metrics_addr: ":8080".to_owned(),
+            metrics_endpoint: "/metrics".to_owned(),
+            log_level: "debug".to_owned(),
+            log_format: "text".to_owned(),
+        }
+    }
 }
 
 /// How the EphemeralRunner controller treats failing runner pods.
@@ -87,6 +141,11 @@ impl Default for Options {
             resync_interval: Duration::from_secs(300),
             error_backoff_min: Duration::from_millis(500),
             error_backoff_max: Duration::from_secs(300),
+            listener: ListenerSettings::default(),
+            autoscaling_runner_set_concurrency: 4,
+            autoscaling_listener_concurrency: 4,
+            scale_set_check_interval: Duration::from_secs(120),
+            configuration_error_backoff: Duration::from_secs(60),
         }
     }
 }

@@ -1,0 +1,654 @@
+//! One AutoscalingListener reconcile (spec §3.2.1).
+//!
+//! # Expected flow
+//! finalizer → scale set still there? → ServiceAccount → Role → RoleBinding → proxy Secret → config Secret →
+//! listener pod (create; recreate when anything it depends on changed; recreate with backoff when it failed).
+//!
+//! # Guarantees
+//! * Secrets, ServiceAccount and RBAC are server-side applied with the controller's own field manager, so
+//!   drift is repaired and labels others add are kept.
+//! * The config Secret is rewritten from the credentials Secret on every pass; its hash is part of the pod's,
+//!   so rotated credentials restart the listener by themselves.
+//! * Deletion removes the pod, both Secrets, the RoleBinding, the Role and the ServiceAccount before the
+//!   finalizer goes.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actions_client::{GitHubConfig, Scope};
+use crds::appconfig::AppConfig;
+use crds::constants::{
+    AUTOSCALING_LISTENER_FINALIZER, INTEGRITY_HASH_ANNOTATION, LISTENER_CONTAINER_NAME,
+};
+use crds::names::{listener_config_secret_name, listener_proxy_secret_name};
+use crds::{AutoscalingListener, AutoscalingRunnerSet};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::ListenerContext;
+use super::resources::{
+    CONFIG_KEY, ConfigSettings, ListenerIdentity, PodInputs, config_secret_metadata,
+    listener_config, listener_pod, metrics_port, proxy_secret_labels, role, role_binding,
+    service_account,
+};
+use crate::actions::read_secret;
+use crate::error::{Error, Result, is_status};
+use crate::hash::integrity_hash;
+use crate::kubeutil::{controller_ref, delete_if_present, name_and_namespace, set_finalizers};
+use crate::metrics::ScaleSetLabels;
+use crate::options::AL_FIELD_MANAGER;
+
+const KIND: &str = "AutoscalingListener";
+/// Come back soon: waiting for something to go away.
+const SHORT_WAIT: Duration = Duration::from_secs(1);
+/// A pod running this long without failing resets the failure count.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// Reconciles one AutoscalingListener.
+#[tracing::instrument(skip(listener, ctx), fields(listener = %listener.name_any()))]
+pub async fn reconcile(
+    listener: Arc<AutoscalingListener>,
+    ctx: Arc<ListenerContext>,
+) -> Result<Action> {
+    let step = Step::new(&listener, &ctx)?;
+    if listener.meta().deletion_timestamp.is_some() {
+        return step.finalize().await;
+    }
+    if !listener
+        .finalizers()
+        .iter()
+        .any(|f| f == AUTOSCALING_LISTENER_FINALIZER)
+    {
+        let mut wanted = listener.finalizers().to_vec();
+        wanted.push(AUTOSCALING_LISTENER_FINALIZER.to_owned());
+        set_finalizers(&step.listeners, &listener, wanted, KIND).await?;
+        return Ok(Action::requeue(SHORT_WAIT));
+    }
+    let Some(runner_set) = step.runner_set().await? else {
+        // Its scale set is gone (or the listener is an orphan of a renamed one): nothing to listen for.
+        tracing::info!("AutoscalingRunnerSet is gone; deleting the listener");
+        delete_if_present(&step.listeners, &step.name, &step.namespace, KIND).await?;
+        return Ok(Action::await_change());
+    };
+    let owner = controller_ref(&*listener, KIND)?;
+    let id = ListenerIdentity {
+        listener: &listener,
+        owner,
+        excluded_prefixes: &ctx.base.options.exclude_label_propagation_prefixes,
+    };
+    let account: ServiceAccount = step
+        .apply(&step.accounts(), &service_account(&id)?, "ServiceAccount")
+        .await?;
+    let role: Role = step.apply(&step.roles(), &role(&id)?, "Role").await?;
+    let binding = step.ensure_role_binding(&role_binding(&id)?).await?;
+    let proxy_hash = step.reconcile_proxy_secret(&id).await?;
+    let config_hash = step.reconcile_config_secret(&id, &runner_set).await?;
+    let settings = &ctx.base.options.listener;
+    let dependencies = integrity_hash(&(
+        integrity_hash(&listener.spec)?,
+        config_hash,
+        proxy_hash,
+        hash_of(&account),
+        hash_of(&role),
+        hash_of(&binding),
+        &settings.metrics_addr,
+        &settings.metrics_endpoint,
+        &settings.entrypoint,
+    ))?;
+    let pod = listener_pod(
+        &id,
+        &PodInputs {
+            entrypoint: &settings.entrypoint,
+            metrics_port: metrics_enabled(&settings.metrics_addr)
+                .then(|| metrics_port(&settings.metrics_addr))
+                .flatten(),
+            dependencies_hash: dependencies,
+        },
+    )?;
+    step.reconcile_pod(pod, &runner_set).await
+}
+
+fn hash_of<K: Resource>(obj: &K) -> Option<String> {
+    obj.annotations().get(INTEGRITY_HASH_ANNOTATION).cloned()
+}
+
+/// ARC's rule: metrics are off when the address is `0` (or empty here).
+fn metrics_enabled(addr: &str) -> bool {
+    !addr.is_empty() && addr != "0"
+}
+
+struct Step<'a> {
+    listener: &'a AutoscalingListener,
+    ctx: &'a ListenerContext,
+    name: String,
+    namespace: String,
+    key: String,
+    listeners: Api<AutoscalingListener>,
+    secrets: Api<Secret>,
+    pods: Api<Pod>,
+}
+
+impl<'a> Step<'a> {
+    fn new(listener: &'a AutoscalingListener, ctx: &'a ListenerContext) -> Result<Self> {
+        let (name, namespace) = name_and_namespace(listener, KIND)?;
+        let client = ctx.base.client.clone();
+        Ok(Self {
+            listener,
+            ctx,
+            key: format!("{namespace}/{name}"),
+            listeners: Api::namespaced(client.clone(), &namespace),
+            secrets: Api::namespaced(client.clone(), &namespace),
+            pods: Api::namespaced(client, &namespace),
+            name,
+            namespace,
+        })
+    }
+
+    fn runner_set_namespace(&self) -> &str {
+        &self.listener.spec.autoscaling_runner_set_namespace
+    }
+
+    fn accounts(&self) -> Api<ServiceAccount> {
+        Api::namespaced(self.ctx.base.client.clone(), &self.namespace)
+    }
+
+    fn roles(&self) -> Api<Role> {
+        Api::namespaced(self.ctx.base.client.clone(), self.runner_set_namespace())
+    }
+
+    fn bindings(&self) -> Api<RoleBinding> {
+        Api::namespaced(self.ctx.base.client.clone(), self.runner_set_namespace())
+    }
+
+    /// The AutoscalingRunnerSet, read directly: a stale cache must never make a listener look orphaned.
+    async fn runner_set(&self) -> Result<Option<AutoscalingRunnerSet>> {
+        let spec = &self.listener.spec;
+        let api: Api<AutoscalingRunnerSet> = Api::namespaced(
+            self.ctx.base.client.clone(),
+            &spec.autoscaling_runner_set_namespace,
+        );
+        let found = api
+            .get_opt(&spec.autoscaling_runner_set_name)
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind: "AutoscalingRunnerSet",
+                namespace: spec.autoscaling_runner_set_namespace.clone(),
+                source: Box::new(source),
+            })?;
+        // A set being deleted still needs its listener gone first; it deletes the listener itself.
+        Ok(found)
+    }
+
+    fn runner_set_ref(&self, runner_set: &AutoscalingRunnerSet) -> ObjectReference {
+        runner_set.object_ref(&())
+    }
+
+    /// Server-side applies `obj` (the whole desired object) with this controller's field manager.
+    async fn apply<K>(&self, api: &Api<K>, obj: &K, kind: &'static str) -> Result<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    {
+        let name = obj.meta().name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply(AL_FIELD_MANAGER).force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .map_err(|source| Error::PatchObject {
+            kind,
+            what: "server-side apply",
+            namespace: obj.meta().namespace.clone().unwrap_or_default(),
+            name,
+            source: Box::new(source),
+        })
+    }
+
+    /// The RoleBinding; its `roleRef` cannot change in place, so a binding pointing elsewhere is replaced.
+    async fn ensure_role_binding(&self, desired: &RoleBinding) -> Result<RoleBinding> {
+        let api = self.bindings();
+        let existing = api
+            .get_opt(&self.name)
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind: "RoleBinding",
+                namespace: self.runner_set_namespace().to_owned(),
+                source: Box::new(source),
+            })?;
+        if existing.is_some_and(|binding| binding.role_ref != desired.role_ref) {
+            delete_if_present(&api, &self.name, self.runner_set_namespace(), "RoleBinding").await?;
+        }
+        self.apply(&api, desired, "RoleBinding").await
+    }
+
+    fn secret(
+        &self,
+        name: String,
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+        data: BTreeMap<String, ByteString>,
+    ) -> Result<Secret> {
+        Ok(Secret {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                owner_references: Some(vec![controller_ref(self.listener, KIND)?]),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..Secret::default()
+        })
+    }
+
+    /// The proxy Secret the pod's proxy variables come from; its data is recomputed every pass (ARC computes
+    /// it once), so rotated proxy credentials reach the listener too. Returns its hash.
+    async fn reconcile_proxy_secret(&self, id: &ListenerIdentity<'_>) -> Result<Option<String>> {
+        let name = listener_proxy_secret_name(&self.name);
+        let Some(proxy) = &self.listener.spec.proxy else {
+            delete_if_present(&self.secrets, &name, &self.namespace, "Secret").await?;
+            return Ok(None);
+        };
+        let data = crate::proxy::secret_data(
+            &self.ctx.base.client,
+            self.runner_set_namespace(),
+            &self.name,
+            proxy,
+        )
+        .await?;
+        let hash = integrity_hash(&data)?;
+        let data = data
+            .into_iter()
+            .map(|(key, value)| (key, ByteString(value.into_bytes())))
+            .collect();
+        let annotations = BTreeMap::from([(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.clone())]);
+        let secret = self.secret(name, proxy_secret_labels(id.listener), annotations, data)?;
+        self.apply(&self.secrets, &secret, "Secret").await?;
+        Ok(Some(hash))
+    }
+
+    /// The config Secret (`config.json`), rebuilt from the credentials Secret. Returns its hash.
+    async fn reconcile_config_secret(
+        &self,
+        id: &ListenerIdentity<'_>,
+        runner_set: &AutoscalingRunnerSet,
+    ) -> Result<String> {
+        let spec = &self.listener.spec;
+        let namespace = self.runner_set_namespace();
+        let credentials = if spec.vault_config.is_some() {
+            None
+        } else {
+            let secret = read_secret(&self.ctx.base.client, namespace, &spec.github_config_secret)
+                .await?
+                .ok_or_else(|| Error::CredentialsSecretMissing {
+                    namespace: namespace.to_owned(),
+                    name: spec.github_config_secret.clone(),
+                })?;
+            let credentials = AppConfig::from_secret_data(&secret.data.unwrap_or_default())
+                .and_then(|config| config.credentials())
+                .map_err(|source| Error::ReadCredentials {
+                    namespace: namespace.to_owned(),
+                    name: spec.github_config_secret.clone(),
+                    source,
+                })?;
+            Some(credentials)
+        };
+        let ca = match &spec.github_server_tls {
+            Some(tls) => self.read_ca(tls).await?,
+            None => String::new(),
+        };
+        let settings = &self.ctx.base.options.listener;
+        let metrics = metrics_enabled(&settings.metrics_addr);
+        let text = listener_config(
+            self.listener,
+            credentials.as_ref(),
+            &ca,
+            &ConfigSettings {
+                log_level: &settings.log_level,
+                log_format: &settings.log_format,
+                metrics_addr: if metrics { &settings.metrics_addr } else { "" },
+                metrics_endpoint: if metrics {
+                    &settings.metrics_endpoint
+                } else {
+                    ""
+                },
+            },
+        )
+        .map_err(|error| {
+            // The scale set owner should hear about a listener that cannot be configured.
+            tracing::warn!(%error, runner_set = %runner_set.name_any(), "listener config is invalid");
+            error
+        })?;
+        let data = BTreeMap::from([(CONFIG_KEY.to_owned(), ByteString(text.into_bytes()))]);
+        let hash = integrity_hash(&data)?;
+        let (labels, mut annotations) = config_secret_metadata(id.listener, id.excluded_prefixes);
+        annotations.insert(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.clone());
+        let secret = self.secret(
+            listener_config_secret_name(&self.name),
+            labels,
+            annotations,
+            data,
+        )?;
+        self.apply(&self.secrets, &secret, "Secret").await?;
+        Ok(hash)
+    }
+
+    async fn read_ca(&self, tls: &crds::common::TlsConfig) -> Result<String> {
+        let fail = |reason: String| Error::ReadTlsCertificate { reason };
+        let selector = tls
+            .certificate_from
+            .as_ref()
+            .and_then(|from| from.config_map_key_ref.as_ref())
+            .ok_or_else(|| {
+                fail("githubServerTLS.certificateFrom.configMapKeyRef is missing".into())
+            })?;
+        let namespace = self.runner_set_namespace();
+        let config_map = Api::<ConfigMap>::namespaced(self.ctx.base.client.clone(), namespace)
+            .get_opt(&selector.name)
+            .await
+            .map_err(|e| fail(format!("get ConfigMap {namespace}/{}: {e}", selector.name)))?
+            .ok_or_else(|| {
+                fail(format!(
+                    "ConfigMap {namespace}/{} does not exist",
+                    selector.name
+                ))
+            })?;
+        config_map
+            .data
+            .and_then(|mut data| data.remove(&selector.key))
+            .ok_or_else(|| {
+                fail(format!(
+                    "ConfigMap {namespace}/{} has no key {:?}",
+                    selector.name, selector.key
+                ))
+            })
+    }
+
+    fn gauge_labels(&self) -> ScaleSetLabels {
+        let mut labels = ScaleSetLabels {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            ..ScaleSetLabels::default()
+        };
+        if let Ok(config) = GitHubConfig::parse(&self.listener.spec.github_config_url) {
+            match config.scope() {
+                Scope::Organization { organization } => {
+                    labels.organization.clone_from(organization);
+                }
+                Scope::Enterprise { enterprise } => labels.enterprise.clone_from(enterprise),
+                Scope::Repository { owner, repository } => {
+                    labels.organization.clone_from(owner);
+                    labels.repository.clone_from(repository);
+                }
+            }
+        }
+        labels
+    }
+
+    fn set_running(&self, running: bool) {
+        self.ctx
+            .base
+            .metrics
+            .running_listeners
+            .get_or_create(&self.gauge_labels())
+            .set(i64::from(running));
+    }
+
+    /// The current pod, read directly (the pod is recreated by this controller, so a stale "absent" from a
+    /// cache would create a second one and fail).
+    async fn current_pod(&self) -> Result<Option<Pod>> {
+        self.pods
+            .get_opt(&self.name)
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind: "Pod",
+                namespace: self.namespace.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    async fn reconcile_pod(
+        &self,
+        desired: Pod,
+        runner_set: &AutoscalingRunnerSet,
+    ) -> Result<Action> {
+        let resync = self.ctx.base.options.resync_interval;
+        let Some(pod) = self.current_pod().await? else {
+            self.set_running(false);
+            if let Some(failure) = self.ctx.health.get(&self.key) {
+                let now = Instant::now();
+                if failure.retry_at > now {
+                    return Ok(Action::requeue(failure.retry_at - now));
+                }
+            }
+            self.create_pod(&desired).await?;
+            return Ok(Action::requeue(resync));
+        };
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        if hash_of(&pod) != hash_of(&desired) {
+            tracing::info!("listener inputs changed; recreating its pod");
+            self.set_running(false);
+            // A new configuration deserves a fresh start, not the old failures' backoff.
+            self.ctx.health.reset(&self.key);
+            delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        match pod_state(&pod) {
+            PodState::Failed(what) => {
+                self.set_running(false);
+                let options = &self.ctx.base.options;
+                let failure = self.ctx.health.failed(
+                    &self.key,
+                    what.clone(),
+                    options.error_backoff_min,
+                    options.error_backoff_max,
+                );
+                let delay = failure.retry_at.saturating_duration_since(Instant::now());
+                self.ctx
+                    .base
+                    .publish(
+                        &self.runner_set_ref(runner_set),
+                        EventType::Warning,
+                        "ListenerFailed",
+                        "RecreateListener",
+                        format!(
+                            "listener pod {}/{} {what} (failure {}); recreating it in {}s",
+                            self.namespace,
+                            self.name,
+                            failure.count,
+                            delay.as_secs()
+                        ),
+                    )
+                    .await;
+                delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+                Ok(Action::requeue(delay.max(SHORT_WAIT)))
+            }
+            PodState::Running(since) => {
+                self.set_running(true);
+                if since.is_none_or(|since| {
+                    Timestamp::now().duration_since(since).unsigned_abs() >= HEALTHY_AFTER
+                }) {
+                    self.ctx.health.reset(&self.key);
+                }
+                Ok(Action::requeue(resync.min(HEALTHY_AFTER)))
+            }
+            PodState::Starting => Ok(Action::requeue(resync)),
+        }
+    }
+
+    async fn create_pod(&self, pod: &Pod) -> Result<()> {
+        match self.pods.create(&PostParams::default(), pod).await {
+            Ok(_) => Ok(()),
+            // Created by an earlier pass the cache or this read missed; the next pass compares it.
+            Err(error) if is_status(&error, 409) => Ok(()),
+            Err(source) => Err(Error::CreateObject {
+                kind: "Pod",
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// §3.2.8: everything this controller created goes, then the finalizer.
+    async fn finalize(&self) -> Result<Action> {
+        if !self
+            .listener
+            .finalizers()
+            .iter()
+            .any(|f| f == AUTOSCALING_LISTENER_FINALIZER)
+        {
+            return Ok(Action::await_change());
+        }
+        let mut remaining = false;
+        remaining |= delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+        self.set_running(false);
+        remaining |= delete_if_present(
+            &self.secrets,
+            &listener_config_secret_name(&self.name),
+            &self.namespace,
+            "Secret",
+        )
+        .await?;
+        remaining |= delete_if_present(
+            &self.secrets,
+            &listener_proxy_secret_name(&self.name),
+            &self.namespace,
+            "Secret",
+        )
+        .await?;
+        remaining |= delete_if_present(
+            &self.bindings(),
+            &self.name,
+            self.runner_set_namespace(),
+            "RoleBinding",
+        )
+        .await?;
+        remaining |= delete_if_present(
+            &self.roles(),
+            &self.name,
+            self.runner_set_namespace(),
+            "Role",
+        )
+        .await?;
+        remaining |= delete_if_present(
+            &self.accounts(),
+            &self.name,
+            &self.namespace,
+            "ServiceAccount",
+        )
+        .await?;
+        if remaining {
+            // Deletes were issued (or objects are still terminating): confirm they are gone next pass.
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        self.ctx.health.reset(&self.key);
+        let wanted = self
+            .listener
+            .finalizers()
+            .iter()
+            .filter(|f| *f != AUTOSCALING_LISTENER_FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(&self.listeners, self.listener, wanted, KIND).await?;
+        Ok(Action::await_change())
+    }
+}
+
+/// What the listener container is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    /// Not running yet (or waiting to be restarted).
+    Starting,
+    /// Running since (when known).
+    Running(Option<Timestamp>),
+    /// Evicted or terminated: the pod must be replaced. The text says how it ended.
+    Failed(String),
+}
+
+/// The state of the listener container of `pod` (§3.2.1 step 12).
+pub fn pod_state(pod: &Pod) -> PodState {
+    let Some(status) = &pod.status else {
+        return PodState::Starting;
+    };
+    if status.reason.as_deref() == Some("Evicted") {
+        return PodState::Failed("was evicted".to_owned());
+    }
+    let container = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == LISTENER_CONTAINER_NAME);
+    let Some(state) = container.and_then(|c| c.state.as_ref()) else {
+        return match status.phase.as_deref() {
+            Some("Failed" | "Succeeded") => PodState::Failed(format!(
+                "ended in phase {}",
+                status.phase.as_deref().unwrap_or_default()
+            )),
+            _ => PodState::Starting,
+        };
+    };
+    if let Some(terminated) = &state.terminated {
+        let reason = terminated
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        return PodState::Failed(format!("exited with code {}{reason}", terminated.exit_code));
+    }
+    if let Some(running) = &state.running {
+        return PodState::Running(running.started_at.as_ref().map(|t| t.0));
+    }
+    PodState::Starting
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).unwrap()
+    }
+
+    #[test]
+    fn pod_states() {
+        assert_eq!(pod_state(&pod(json!({}))), PodState::Starting);
+        assert_eq!(
+            pod_state(&pod(json!({"phase": "Failed", "reason": "Evicted"}))),
+            PodState::Failed("was evicted".to_owned())
+        );
+        assert_eq!(
+            pod_state(&pod(json!({"containerStatuses": [{
+                "name": "listener", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
+            }]}))),
+            PodState::Failed("exited with code 1 (Error)".to_owned())
+        );
+        assert!(matches!(
+            pod_state(&pod(json!({"containerStatuses": [{
+                "name": "listener", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}},
+            }]}))),
+            PodState::Running(Some(_))
+        ));
+        assert_eq!(
+            pod_state(&pod(json!({"phase": "Succeeded"}))),
+            PodState::Failed("ended in phase Succeeded".to_owned())
+        );
+    }
+}
