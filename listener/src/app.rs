@@ -57,7 +57,7 @@ impl Listener {
         let (mut metrics_addr, mut health_addr) = (None, None);
         let health_address = config.health_address();
         if let Some(metrics) = &metrics {
-            let shared = health_address == Some(config.metrics_addr.as_str());
+            let shared = config.health_shares_metrics_server();
             let routes = Routes {
                 metrics: Some((Arc::clone(metrics), config.metrics_path().to_owned())),
                 health: shared,
@@ -78,9 +78,19 @@ impl Listener {
                 health: true,
                 progress: health.clone(),
             };
-            let server = BoundServer::bind("health", addr, routes).await?;
-            health_addr = server.local_addr();
-            servers.push(server);
+            match BoundServer::bind("health", addr, routes).await {
+                Ok(server) => {
+                    health_addr = server.local_addr();
+                    servers.push(server);
+                }
+                // Only an address someone asked for is worth dying over; the implicit default may be taken when
+                // several listeners share a host (local runs), and then the probe reports the problem instead.
+                Err(error) if config.health_addr.is_none() => tracing::error!(
+                    error = %crate::listener::error_chain(&error),
+                    "the default health address is unavailable; serving no /healthz (set health_addr)"
+                ),
+                Err(error) => return Err(error),
+            }
         }
 
         let mut http = settings.http.clone();

@@ -527,6 +527,16 @@ impl Config {
         }
     }
 
+    /// Whether `/healthz` is served by the metrics server: `health_addr` unset, or the same address (but not
+    /// port 0, since two binds to port 0 are two servers).
+    pub fn health_shares_metrics_server(&self) -> bool {
+        self.metrics_enabled()
+            && match self.health_addr.as_deref() {
+                None => true,
+                Some(addr) => addr == self.metrics_addr && !addr.ends_with(":0"),
+            }
+    }
+
     fn validate_metrics(&self) -> Result<()> {
         if !self.metrics_enabled() {
             return Ok(());
@@ -537,7 +547,7 @@ impl Config {
                 path.to_owned(),
             )));
         }
-        if self.health_address() == Some(self.metrics_addr.as_str()) && path == HEALTH_PATH {
+        if self.health_shares_metrics_server() && path == HEALTH_PATH {
             return Err(invalid(ConfigProblem::MetricsEndpointIsHealthPath));
         }
         crate::metrics::check_selection(self.metrics.as_ref()).map_err(invalid)
