@@ -9,7 +9,7 @@ use kube::Client;
 use kube::client::ClientBuilder;
 
 use crate::error::{Error, Result};
-use crate::options::{Options, RunnerPolicy, ScaleDownPolicy};
+use crate::options::{ListenerSettings, Options, RunnerPolicy, ScaleDownPolicy};
 use crate::ratelimit::RateLimitLayer;
 use crate::server::parse_bind_address;
 use crate::telemetry::LogFormat;
@@ -69,6 +69,18 @@ pub struct Args {
     /// EphemeralRunnerSets reconciled concurrently.
     #[arg(long, default_value_t = Options::default().runner_set_concurrency)]
     pub runner_set_max_concurrent_reconciles: u16,
+
+    /// AutoscalingRunnerSets reconciled concurrently.
+    #[arg(long, default_value_t = Options::default().autoscaling_runner_set_concurrency)]
+    pub autoscaling_runner_set_max_concurrent_reconciles: u16,
+
+    /// AutoscalingListeners reconciled concurrently.
+    #[arg(long, default_value_t = Options::default().autoscaling_listener_concurrency)]
+    pub autoscaling_listener_max_concurrent_reconciles: u16,
+
+    /// How often each scale set is looked up in the Actions Service (re-created when deleted on GitHub).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub scale_set_check_interval: Duration,
 
     /// Runner creations or deletions one EphemeralRunnerSet runs in parallel.
     #[arg(long, default_value_t = Options::default().runner_set_parallelism)]
@@ -194,10 +206,55 @@ impl Args {
                 registration_check_interval: self.runner_registration_check_interval,
                 ..RunnerPolicy::default()
             },
+            autoscaling_runner_set_concurrency: self
+                .autoscaling_runner_set_max_concurrent_reconciles
+                .max(1),
+            autoscaling_listener_concurrency: self
+                .autoscaling_listener_max_concurrent_reconciles
+                .max(1),
+            scale_set_check_interval: self.scale_set_check_interval,
+            listener: self.listener_settings(),
             scale_down: ScaleDownPolicy {
                 ready_grace_period: self.runner_scale_down_grace_period,
             },
             ..defaults
+        }
+    }
+
+    /// What listeners are built from: the controller namespace and image from the environment, the listener's
+    /// log settings and metrics address from the manager's flags (ARC's mapping, §5.1).
+    pub fn listener_settings(&self) -> ListenerSettings {
+        let metrics_addr = self.listener_metrics_addr.trim();
+        let metrics_on = !metrics_addr.is_empty() && metrics_addr != "0";
+        ListenerSettings {
+            namespace: Some(self.controller_namespace.trim())
+                .filter(|namespace| !namespace.is_empty())
+                .map(str::to_owned),
+            image: self.controller_image.clone(),
+            entrypoint: self.listener_entrypoint.clone(),
+            image_pull_secrets: self.auto_scaler_image_pull_secrets.clone(),
+            metrics_addr: if metrics_on {
+                metrics_addr.to_owned()
+            } else {
+                String::new()
+            },
+            metrics_endpoint: if metrics_on {
+                self.listener_metrics_endpoint.clone()
+            } else {
+                String::new()
+            },
+            log_level: match self.log_level {
+                tracing::Level::ERROR => "error",
+                tracing::Level::WARN => "warn",
+                tracing::Level::INFO => "info",
+                _ => "debug",
+            }
+            .to_owned(),
+            log_format: match self.log_format {
+                LogFormat::Json => "json",
+                LogFormat::Text => "text",
+            }
+            .to_owned(),
         }
     }
 

@@ -12,8 +12,10 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crds::constants::{EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE};
-use crds::{EphemeralRunner, EphemeralRunnerSet};
+use crds::constants::{
+    COMPONENT_LABEL, COMPONENT_LISTENER, EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE,
+};
+use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use futures::StreamExt;
 use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::Pod;
@@ -28,11 +30,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::actions::ActionsClients;
+use crate::autoscaling_listener::{ListenerContext, ListenerHealth};
+use crate::autoscaling_runner_set::RunnerSetContext;
 use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
-use crate::{ephemeral_runner, ephemeral_runner_set};
+use crate::{autoscaling_listener, autoscaling_runner_set, ephemeral_runner, ephemeral_runner_set};
 
 /// How many watch events a slow subscriber may lag behind before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -144,6 +148,19 @@ impl Manager {
             .subscribe()
             .ok_or(Error::WatchNotReady { kind: "Pod" })?;
 
+        // The AutoscalingRunnerSet and AutoscalingListener controllers need the controller namespace (where
+        // listeners live); without it only the runner controllers run.
+        let scale_set_watches = match &self.options.listener.namespace {
+            Some(namespace) => Some(ScaleSetWatches::new(namespace, &set_writer)?),
+            None => {
+                tracing::warn!(
+                    "no controller namespace (CONTROLLER_MANAGER_POD_NAMESPACE): the AutoscalingRunnerSet and \
+                     AutoscalingListener controllers do not run"
+                );
+                None
+            }
+        };
+
         let (runner_deleted_tx, runner_deleted_rx) =
             mpsc::unbounded::<ObjectRef<EphemeralRunnerSet>>();
         let (pod_deleted_tx, pod_deleted_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunner>>();
@@ -182,9 +199,22 @@ impl Manager {
             ),
         ];
 
+        let (scale_set_parts, extra_watches) = match scale_set_watches {
+            Some(watches) => {
+                let (parts, handles) = watches.spawn(&self, &stop_watches);
+                (Some(parts), handles)
+            }
+            None => (None, Vec::new()),
+        };
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             ready = wait_ready(&set_store, &runner_store, &pod_store) => ready?,
+        }
+        if let Some(parts) = &scale_set_parts {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                ready = parts.wait_ready() => ready?,
+            }
         }
         tracing::info!("watches listed; starting controllers");
 
@@ -219,7 +249,13 @@ impl Manager {
         });
         self.readiness.set(true);
         let stopped = |token: &CancellationToken| token.clone().cancelled_owned();
+        let scale_set_controllers = async {
+            if let Some(parts) = scale_set_parts {
+                parts.run(Arc::clone(&ctx), &shutdown).await;
+            }
+        };
         futures::join!(
+            scale_set_controllers,
             ephemeral_runner::run(
                 Arc::clone(&ctx),
                 runners_for_runner_controller,
@@ -237,12 +273,176 @@ impl Manager {
         );
         self.readiness.set(false);
         stop_watches.cancel();
-        for watch in watches {
+        for watch in watches.into_iter().chain(extra_watches) {
             // A watch task only ends by being told to; a panic inside it is already logged by tokio.
             let _ = watch.await;
         }
         tracing::info!("controllers stopped");
         Ok(())
+    }
+}
+
+/// The shared watches of the AutoscalingRunnerSet and AutoscalingListener controllers, before they run.
+struct ScaleSetWatches {
+    runner_set_writer: reflector::store::Writer<AutoscalingRunnerSet>,
+    listener_writer: reflector::store::Writer<AutoscalingListener>,
+    pod_writer: reflector::store::Writer<Pod>,
+    parts: ScaleSetParts,
+    pod_deleted: mpsc::UnboundedSender<ObjectRef<AutoscalingListener>>,
+}
+
+type SharedStream<K> = reflector::ReflectHandle<K>;
+
+/// What the two controllers consume once the watches run.
+struct ScaleSetParts {
+    namespace: String,
+    runner_set_store: Store<AutoscalingRunnerSet>,
+    runner_sets: SharedStream<AutoscalingRunnerSet>,
+    ephemeral_runner_sets: SharedStream<EphemeralRunnerSet>,
+    listener_store: Store<AutoscalingListener>,
+    listeners_for_runner_sets: SharedStream<AutoscalingListener>,
+    listeners: SharedStream<AutoscalingListener>,
+    pod_store: Store<Pod>,
+    pods_for_runner_sets: SharedStream<Pod>,
+    pods_for_listeners: SharedStream<Pod>,
+    pod_deletions: mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>,
+}
+
+fn subscribe<K>(writer: &reflector::store::Writer<K>, kind: &'static str) -> Result<SharedStream<K>>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    writer.subscribe().ok_or(Error::WatchNotReady { kind })
+}
+
+impl ScaleSetWatches {
+    fn new(
+        namespace: &str,
+        ephemeral_runner_sets: &reflector::store::Writer<EphemeralRunnerSet>,
+    ) -> Result<Self> {
+        let (runner_set_store, runner_set_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
+        let (listener_store, listener_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
+        let (pod_store, pod_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
+        let (pod_deleted, pod_deletions) = mpsc::unbounded();
+        let parts = ScaleSetParts {
+            namespace: namespace.to_owned(),
+            runner_sets: subscribe(&runner_set_writer, "AutoscalingRunnerSet")?,
+            runner_set_store,
+            ephemeral_runner_sets: subscribe(ephemeral_runner_sets, "EphemeralRunnerSet")?,
+            listeners_for_runner_sets: subscribe(&listener_writer, "AutoscalingListener")?,
+            listeners: subscribe(&listener_writer, "AutoscalingListener")?,
+            listener_store,
+            pods_for_runner_sets: subscribe(&pod_writer, "Pod")?,
+            pods_for_listeners: subscribe(&pod_writer, "Pod")?,
+            pod_store,
+            pod_deletions,
+        };
+        Ok(Self {
+            runner_set_writer,
+            listener_writer,
+            pod_writer,
+            parts,
+            pod_deleted,
+        })
+    }
+
+    fn spawn(
+        self,
+        manager: &Manager,
+        stop: &CancellationToken,
+    ) -> (ScaleSetParts, Vec<JoinHandle<()>>) {
+        let client = manager.client.clone();
+        let namespace = self.parts.namespace.clone();
+        let pod_deleted = self.pod_deleted;
+        let handles = vec![
+            spawn_watch(
+                manager.api::<AutoscalingRunnerSet>(),
+                watcher::Config::default(),
+                self.runner_set_writer,
+                |_| {},
+                stop.clone(),
+            ),
+            spawn_watch(
+                Api::<AutoscalingListener>::namespaced(client.clone(), &namespace),
+                watcher::Config::default(),
+                self.listener_writer,
+                |_| {},
+                stop.clone(),
+            ),
+            spawn_watch(
+                Api::<Pod>::namespaced(client, &namespace),
+                watcher::Config::default()
+                    .labels(&format!("{COMPONENT_LABEL}={COMPONENT_LISTENER}")),
+                self.pod_writer,
+                move |pod: &Pod| {
+                    if let Some(owner) = controller_owner(pod, "AutoscalingListener") {
+                        let _ = pod_deleted.unbounded_send(owner);
+                    }
+                },
+                stop.clone(),
+            ),
+        ];
+        (self.parts, handles)
+    }
+}
+
+impl ScaleSetParts {
+    async fn wait_ready(&self) -> Result<()> {
+        self.runner_set_store
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::WatchNotReady {
+                kind: "AutoscalingRunnerSet",
+            })?;
+        self.listener_store
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::WatchNotReady {
+                kind: "AutoscalingListener",
+            })?;
+        self.pod_store
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::WatchNotReady { kind: "Pod" })
+    }
+
+    async fn run(self, ctx: Arc<Context>, shutdown: &CancellationToken) {
+        let health = Arc::new(ListenerHealth::default());
+        let runner_set_ctx = Arc::new(RunnerSetContext::new(
+            Arc::clone(&ctx),
+            self.namespace.clone(),
+            self.listener_store.clone(),
+            self.pod_store.clone(),
+            Arc::clone(&health),
+        ));
+        let listener_ctx = Arc::new(ListenerContext {
+            base: Arc::clone(&ctx),
+            pods: self.pod_store,
+            health,
+            namespace: self.namespace,
+        });
+        let rbac_namespace = ctx.options.watch_namespace.clone();
+        futures::join!(
+            autoscaling_runner_set::run(
+                runner_set_ctx,
+                self.runner_sets,
+                self.runner_set_store,
+                self.ephemeral_runner_sets,
+                self.listeners_for_runner_sets,
+                self.pods_for_runner_sets,
+                shutdown.clone().cancelled_owned(),
+            ),
+            autoscaling_listener::run(
+                listener_ctx,
+                self.listeners,
+                self.listener_store,
+                self.pods_for_listeners,
+                self.pod_deletions,
+                rbac_namespace,
+                shutdown.clone().cancelled_owned(),
+            ),
+        );
     }
 }
 
