@@ -6,7 +6,7 @@
 //! - the `listener-config` Secret volume's `config.json` is written to a private directory and
 //!   `LISTENER_CONFIG_PATH` points at it;
 //! - the listener's `metrics_addr` is rewritten to a free loopback port (several listeners share this host),
-//!   see [`ListenerExecutor::metrics_url`];
+//!   see [`ListenerExecutor::metrics_url`]; without metrics, `health_addr` gets a free port instead of `:8080`;
 //! - plain `env` values and `secretKeyRef` values (the proxy variables) are passed through;
 //! - the process talks to the API server as the pod's ServiceAccount, with a token from the TokenRequest API, so
 //!   it has exactly the RBAC the controller granted, not admin rights.
@@ -318,6 +318,11 @@ impl Runner {
             }
             _ => None,
         };
+        // Without metrics the listener serves /healthz on :8080, which several local listeners cannot share.
+        if metrics_url.is_none() && config.get("health_addr").is_none() {
+            let port = free_port().map_err(io_err)?;
+            config["health_addr"] = json!(format!("127.0.0.1:{port}"));
+        }
 
         let pod_dir = self
             .dir
