@@ -493,3 +493,75 @@ async fn a_manager_killed_mid_scale_converges_without_duplicates_or_orphans() {
     .await;
     second.stop().await;
 }
+
+#[tokio::test]
+async fn a_quota_rejection_is_retried_not_counted() {
+    use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use kube::api::PostParams;
+
+    let env = Env::new("er-quota").await;
+    let quotas: kube::Api<ResourceQuota> = env.ctx.api();
+    let quota = ResourceQuota {
+        metadata: kube::api::ObjectMeta {
+            name: Some("no-pods".to_owned()),
+            ..kube::api::ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some([("pods".to_owned(), Quantity("0".to_owned()))].into()),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    };
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    // The quota controller must have computed usage before it rejects anything.
+    env.eventually("the quota in force", || async {
+        let quota = quotas.get("no-pods").await.ok()?;
+        quota.status?.used.map(|_| ())
+    })
+    .await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+
+    let runner = env
+        .eventually("the rejection on the runner", || async {
+            env.runners().await.into_iter().find(|runner| {
+                runner.status.as_ref().is_some_and(|status| {
+                    status.reason == controller::ephemeral_runner::POD_REJECTED_REASON
+                })
+            })
+        })
+        .await;
+    let status = runner.status.clone().expect("status");
+    assert!(
+        status.message.contains("exceeded quota"),
+        "{}",
+        status.message
+    );
+    assert!(status.failures.is_empty());
+    assert_ne!(status.phase, "Failed");
+    assert!(env.pods().await.is_empty());
+
+    quotas
+        .delete("no-pods", &DeleteParams::default())
+        .await
+        .expect("lift the quota");
+    env.eventually("the pod created once the quota is lifted", || async {
+        env.pods_api()
+            .get_opt(&runner.name_any())
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    env.eventually("the rejection cleared from the status", || async {
+        let runner = env.runners_api().get(&runner.name_any()).await.ok()?;
+        let reason = runner.status?.reason;
+        (reason != controller::ephemeral_runner::POD_REJECTED_REASON).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
