@@ -100,7 +100,7 @@ pub struct Args {
     pub workqueue_rate_limiter: String,
 
     /// Leader election (run more than one replica). Not implemented: run one replica.
-    #[arg(long)]
+    #[arg(long, alias = "leader-elect")]
     pub enable_leader_election: bool,
 
     /// Lease name for leader election.
@@ -327,6 +327,95 @@ mod tests {
         assert!(!options.runner_gauges);
         assert_eq!(options.exclude_label_propagation_prefixes.len(), 2);
         assert_eq!(args.ignored_flags().len(), 3);
+    }
+
+    /// Exactly what `helm template` renders for the controller chart's default values.
+    const CHART_DEFAULT_ARGS: &[&str] = &[
+        "manager",
+        "--auto-scaling-runner-set-only",
+        "--log-level=debug",
+        "--log-format=text",
+        "--runner-max-concurrent-reconciles=2",
+        "--listener-metrics-addr=0",
+        "--listener-metrics-endpoint=",
+        "--metrics-addr=0",
+    ];
+
+    /// Exactly what `helm template` renders for a values file that sets every flag (replicaCount 2,
+    /// imagePullSecrets, every `flags.*`, `metrics.*` and `pprof.addr`).
+    const CHART_ALL_FLAGS_ARGS: &[&str] = &[
+        "manager",
+        "--auto-scaling-runner-set-only",
+        "--enable-leader-election",
+        "--leader-election-id=t-gha-rs-controller",
+        "--auto-scaler-image-pull-secrets=regcred",
+        "--log-level=info",
+        "--log-format=json",
+        "--watch-single-namespace=runners",
+        "--runner-max-concurrent-reconciles=8",
+        "--update-strategy=eventual",
+        "--listener-metrics-addr=:8080",
+        "--listener-metrics-endpoint=/metrics",
+        "--metrics-addr=:8080",
+        "--pprof-addr=:6060",
+        "--exclude-label-propagation-prefix=argocd.argoproj.io/",
+        "--exclude-label-propagation-prefix=internal.example/",
+        "--k8s-client-rate-limiter-qps=50",
+        "--k8s-client-rate-limiter-burst=100",
+        "--workqueue-rate-limiter=typed_rate_limiter",
+        "--health-probe-bind-address=:8081",
+    ];
+
+    #[test]
+    fn the_chart_default_args_parse() {
+        let args = Args::try_parse_from(CHART_DEFAULT_ARGS).unwrap();
+        let listener = args.listener_settings();
+        // `--listener-metrics-addr=0`: no listener metrics, as in ARC.
+        assert_eq!(listener.metrics_addr, "");
+        assert_eq!(listener.metrics_endpoint, "");
+        assert_eq!(listener.log_level, "debug");
+        assert_eq!(listener.log_format, "text");
+        assert_eq!(args.metrics_address().unwrap(), None);
+        assert_eq!(args.options().runner_concurrency, 2);
+    }
+
+    #[test]
+    fn the_chart_args_with_every_flag_parse() {
+        let args = Args::try_parse_from(CHART_ALL_FLAGS_ARGS).unwrap();
+        let options = args.options();
+        assert_eq!(options.watch_namespace.as_deref(), Some("runners"));
+        assert_eq!(options.listener.image_pull_secrets, ["regcred"]);
+        assert_eq!(options.listener.metrics_addr, ":8080");
+        assert_eq!(options.listener.metrics_endpoint, "/metrics");
+        assert_eq!(options.listener.log_level, "info");
+        assert_eq!(options.listener.log_format, "json");
+        assert_eq!(options.exclude_label_propagation_prefixes.len(), 2);
+        assert_eq!(args.k8s_client_rate_limiter_burst, 100);
+        assert_eq!(
+            args.health_address().unwrap(),
+            Some("0.0.0.0:8081".parse().unwrap())
+        );
+        assert!(args.enable_leader_election);
+        assert_eq!(args.leader_election_id, "t-gha-rs-controller");
+    }
+
+    #[test]
+    fn listener_settings_come_from_the_environment_flags() {
+        let args = Args::try_parse_from([
+            "manager",
+            "--controller-namespace=arc-system",
+            "--controller-image=ghcr.io/example/arc:1",
+            "--listener-entrypoint=/listener",
+            "--log-level=2",
+        ])
+        .unwrap();
+        let listener = args.listener_settings();
+        assert_eq!(listener.namespace.as_deref(), Some("arc-system"));
+        assert_eq!(listener.image, "ghcr.io/example/arc:1");
+        assert_eq!(listener.entrypoint, "/listener");
+        assert_eq!(listener.log_level, "error");
+        let args = Args::try_parse_from(["manager", "--controller-namespace="]).unwrap();
+        assert_eq!(args.listener_settings().namespace, None);
     }
 
     #[test]
