@@ -1,0 +1,49 @@
+//! End-to-end testing of the runner scale-set mode, and the local demo.
+//!
+//! * [`simulator`] stands in for the kubelet and the runner binary of runner pods.
+//! * [`world`] starts everything a scale set needs on one machine: the local control plane, the fake Actions
+//!   Service, the manager in-process, the listener-pod executor running the real listener, the simulator, and
+//!   one scale set installed from the objects `helm template` renders for the scale-set chart.
+//! * [`checks`] are the invariants every suite ends with: every job completed exactly once, no runner left in
+//!   the fake, no orphan pod, Secret or EphemeralRunner.
+//!
+//! The suites are in `tests/`; the demo is `cargo run -p e2e --bin demo` (see `docs/demo.md`).
+
+pub mod checks;
+pub mod simulator;
+pub mod world;
+
+use std::time::Duration;
+
+/// Everything that can go wrong while setting up or checking an end-to-end world.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the local control plane: {0}")]
+    ControlPlane(String),
+    #[error("the test harness")]
+    Harness(#[from] test_harness::Error),
+    #[error("the fake Actions Service")]
+    Fake(#[from] fake_actions_service::Error),
+    #[error("the fake Actions Service refused a control call: {0}")]
+    FakeRejected(#[from] fake_actions_service::Rejection),
+    #[error("rendering the chart")]
+    Chart(#[from] chart_tests::Error),
+    #[error("talking to the API server")]
+    Kube(#[from] kube::Error),
+    #[error("rendered object {what} is not a valid Kubernetes object: {reason}")]
+    InvalidObject { what: String, reason: String },
+    #[error("the manager stopped: {0}")]
+    Manager(String),
+    #[error("timed out after {timeout:?} waiting for {what}; last seen: {detail}")]
+    Timeout {
+        what: String,
+        timeout: Duration,
+        detail: String,
+    },
+    #[error("invariant violated: {0}")]
+    Invariant(String),
+    #[error("stopping the listener process of pod {pod}: {reason}")]
+    KillListener { pod: String, reason: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

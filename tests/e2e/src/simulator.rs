@@ -1,0 +1,712 @@
+//! The runner simulator: the kubelet and the runner binary for runner pods, since the test control plane has
+//! neither.
+//!
+//! It watches pods labelled `actions-ephemeral-runner=True` and plays each one out:
+//!
+//! 1. **Scheduling.** With a [`SimulatorConfig::scheduling_delay`], the pod first waits `Pending` with
+//!    `PodScheduled=False/Unschedulable`, as it would while a cluster autoscaler adds a node.
+//! 2. **Start failure.** A [`SimulatorConfig::start_failure_rate`] fraction of pods never run: the `runner`
+//!    container terminates with `StartError` (exit 128) and the pod is `Failed`.
+//! 3. **Running.** The pod turns `Running` and Ready with a running `runner` container; the JIT config comes from
+//!    the container's `ACTIONS_RUNNER_INPUT_JITCONFIG` (a `secretKeyRef` to the JIT Secret, as the EphemeralRunner
+//!    controller wires it) and the runner reports online to the fake by that config.
+//! 4. **Job.** When the fake assigns the runner a job, the runner starts it, "runs" it for
+//!    [`SimulatorConfig::job_duration`], finishes it with [`SimulatorConfig::job_result`] and the container
+//!    terminates with [`SimulatorConfig::exit_code`] (the fake deregisters the runner when its job completes, as
+//!    the service does with JIT runners).
+//! 5. **Gone.** A runner whose registration disappears (its job was cancelled, or it was removed) exits 0. A pod
+//!    deleted under a runner takes the runner offline; if it was running a job, that job fails and is counted as
+//!    interrupted, which no correct controller ever causes.
+//!
+//! Fates (start failure or not) are drawn from a generator seeded with [`SimulatorConfig::seed`] in the order
+//! pods are first seen, so the n-th pod of a run always gets the same draw.
+//!
+//! The simulator talks to the fake in-process through its [`StateHandle`]: polling a runner is then a lock, not
+//! an HTTP request, which matters with hundreds of runners on two cores.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use crds::constants::{
+    EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE, RUNNER_CONTAINER_NAME,
+};
+use fake_actions_service::{RunnerSelector, StateHandle};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The environment variable of the runner container that holds the encoded JIT config.
+pub const JIT_CONFIG_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
+
+/// Exit code and reason of a container that could not start (what the kubelet reports for, e.g., a bad
+/// entrypoint).
+const START_FAILURE_EXIT_CODE: i32 = 128;
+const START_FAILURE_REASON: &str = "StartError";
+/// How long the runner keeps trying to read its JIT config (the Secret is created before the pod, so only a
+/// lagging read makes this wait at all).
+const JIT_CONFIG_WAIT: Duration = Duration::from_secs(30);
+/// How often a failed status patch is retried (the API server may be briefly overloaded in a burst).
+const STATUS_PATCH_ATTEMPTS: u32 = 5;
+
+/// How simulated runner pods behave. Read when a pod is first seen, so a change applies to new pods only.
+#[derive(Debug, Clone)]
+pub struct SimulatorConfig {
+    /// How long a pod stays `Pending` (unschedulable) before it runs.
+    pub scheduling_delay: Duration,
+    /// Fraction (0 to 1) of pods whose runner container fails to start.
+    pub start_failure_rate: f64,
+    /// How long a runner runs its job.
+    pub job_duration: Duration,
+    /// Result the runner reports for its job.
+    pub job_result: String,
+    /// Exit code of the runner container after its job.
+    pub exit_code: i32,
+    /// How often a runner asks the fake whether it got a job.
+    pub poll_interval: Duration,
+    /// Seed of the fate generator.
+    pub seed: u64,
+}
+
+impl Default for SimulatorConfig {
+    fn default() -> Self {
+        Self {
+            scheduling_delay: Duration::ZERO,
+            start_failure_rate: 0.0,
+            job_duration: Duration::from_secs(1),
+            job_result: "succeeded".to_owned(),
+            exit_code: 0,
+            poll_interval: Duration::from_millis(200),
+            seed: 42,
+        }
+    }
+}
+
+/// Where a simulated pod is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub enum PodStage {
+    /// Waiting for a node.
+    Pending,
+    /// Runner running, idle or with a job.
+    Running,
+    /// Runner exited after its job (or after losing its registration).
+    Finished,
+    /// The container failed to start.
+    FailedToStart,
+    /// The runner could not work (no JIT config, or the fake refused it).
+    Broken,
+    /// The pod was deleted while the runner still ran.
+    Deleted,
+}
+
+/// One pod the simulator has seen.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRecord {
+    pub namespace: String,
+    pub name: String,
+    pub stage: PodStage,
+    /// Runner id in the fake, once online.
+    pub runner_id: Option<i64>,
+    /// Job request id, once the runner started a job.
+    pub job: Option<i64>,
+}
+
+/// Counts over everything the simulator has seen, for assertions and the demo.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimulatorStats {
+    /// Pods seen.
+    pub pods: usize,
+    /// Pods per stage now.
+    pub stages: BTreeMap<PodStage, usize>,
+    /// Jobs started by a simulated runner.
+    pub jobs_started: usize,
+    /// Jobs finished by a simulated runner.
+    pub jobs_finished: usize,
+    /// Jobs a runner was running when its pod was deleted: a controller bug.
+    pub jobs_interrupted: usize,
+}
+
+impl SimulatorStats {
+    /// Pods in `stage` now.
+    pub fn in_stage(&self, stage: PodStage) -> usize {
+        self.stages.get(&stage).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Default)]
+struct Book {
+    pods: HashMap<String, PodRecord>,
+    /// Job request id → pods that started it.
+    served: BTreeMap<i64, Vec<String>>,
+    jobs_finished: usize,
+    jobs_interrupted: usize,
+    problems: Vec<String>,
+    /// Pod uid → the task's cancellation, while it runs.
+    running: HashMap<String, CancellationToken>,
+}
+
+struct Shared {
+    client: Client,
+    fake: StateHandle,
+    config: RwLock<SimulatorConfig>,
+    book: Mutex<Book>,
+    rng: Mutex<SplitMix64>,
+}
+
+impl Shared {
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn config(&self) -> SimulatorConfig {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn problem(&self, problem: String) {
+        tracing::warn!(%problem, "runner simulator");
+        self.book().problems.push(problem);
+    }
+
+    fn set_stage(&self, uid: &str, stage: PodStage) {
+        if let Some(record) = self.book().pods.get_mut(uid) {
+            record.stage = stage;
+        }
+    }
+}
+
+/// Runs runner pods until dropped or [`Simulator::stop`]ped.
+pub struct Simulator {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Simulator {
+    /// Starts simulating the runner pods of `namespace` (all namespaces when `None`).
+    pub fn start(
+        client: Client,
+        namespace: Option<&str>,
+        fake: StateHandle,
+        config: SimulatorConfig,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            client: client.clone(),
+            fake,
+            rng: Mutex::new(SplitMix64(config.seed)),
+            config: RwLock::new(config),
+            book: Mutex::default(),
+        });
+        let pods: Api<Pod> = match namespace {
+            Some(ns) => Api::namespaced(client, ns),
+            None => Api::all(client),
+        };
+        let task = tokio::spawn(watch(Arc::clone(&shared), pods));
+        Self { shared, task }
+    }
+
+    /// Replaces the behaviour of pods seen from now on.
+    pub fn set_config(&self, config: SimulatorConfig) {
+        *self
+            .shared
+            .config
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    /// The behaviour of new pods.
+    pub fn config(&self) -> SimulatorConfig {
+        self.shared.config()
+    }
+
+    /// Counts now.
+    pub fn stats(&self) -> SimulatorStats {
+        let book = self.shared.book();
+        let mut stages = BTreeMap::new();
+        for record in book.pods.values() {
+            *stages.entry(record.stage).or_insert(0) += 1;
+        }
+        SimulatorStats {
+            pods: book.pods.len(),
+            stages,
+            jobs_started: book.served.values().map(Vec::len).sum(),
+            jobs_finished: book.jobs_finished,
+            jobs_interrupted: book.jobs_interrupted,
+        }
+    }
+
+    /// Every pod seen, by name.
+    pub fn pods(&self) -> Vec<PodRecord> {
+        let mut pods: Vec<PodRecord> = self.shared.book().pods.values().cloned().collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        pods
+    }
+
+    /// Jobs started by more than one simulated runner, with the pods that started them. Empty when every job
+    /// was served at most once.
+    pub fn jobs_served_twice(&self) -> BTreeMap<i64, Vec<String>> {
+        self.shared
+            .book()
+            .served
+            .iter()
+            .filter(|(_, pods)| pods.len() > 1)
+            .map(|(job, pods)| (*job, pods.clone()))
+            .collect()
+    }
+
+    /// Job request ids started by simulated runners.
+    pub fn jobs_served(&self) -> Vec<i64> {
+        self.shared.book().served.keys().copied().collect()
+    }
+
+    /// Things that went wrong that a test should look at (an unreadable JIT config, a refused runner, a status
+    /// the API server would not take).
+    pub fn problems(&self) -> Vec<String> {
+        self.shared.book().problems.clone()
+    }
+
+    /// Stops watching and abandons every simulated runner where it is.
+    pub fn stop(self) {
+        self.task.abort();
+        for token in self.shared.book().running.values() {
+            token.cancel();
+        }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn watch(shared: Arc<Shared>, pods: Api<Pod>) {
+    let config = watcher::Config::default().labels(&format!(
+        "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
+    ));
+    let mut events = watcher(pods, config).boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                if pod.metadata.deletion_timestamp.is_some() {
+                    on_delete(&shared, &pod);
+                } else {
+                    on_pod(&shared, pod);
+                }
+            }
+            Ok(watcher::Event::Delete(pod)) => on_delete(&shared, &pod),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            // The watcher re-lists by itself; slow down a little on errors.
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+fn on_pod(shared: &Arc<Shared>, pod: Pod) {
+    let uid = pod.uid().unwrap_or_default();
+    {
+        let mut book = shared.book();
+        if book.pods.contains_key(&uid) {
+            return;
+        }
+        // A pod some earlier simulator (or a test) already played is not ours to run.
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Running" | "Succeeded" | "Failed")) {
+            return;
+        }
+        book.pods.insert(
+            uid.clone(),
+            PodRecord {
+                namespace: pod.namespace().unwrap_or_default(),
+                name: pod.name_any(),
+                stage: PodStage::Pending,
+                runner_id: None,
+                job: None,
+            },
+        );
+    }
+    let config = shared.config();
+    let draw = shared
+        .rng
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .next_f64();
+    let fails_to_start = draw < config.start_failure_rate;
+    let token = CancellationToken::new();
+    shared.book().running.insert(uid.clone(), token.clone());
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move {
+        let runner = PodRunner {
+            shared: Arc::clone(&shared),
+            pods: Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default()),
+            uid: uid.clone(),
+            name: pod.name_any(),
+            config,
+            runner_id: None,
+            job: None,
+        };
+        runner.run(pod, fails_to_start, token).await;
+        shared.book().running.remove(&uid);
+    });
+}
+
+fn on_delete(shared: &Shared, pod: &Pod) {
+    let uid = pod.uid().unwrap_or_default();
+    if let Some(token) = shared.book().running.get(&uid) {
+        token.cancel();
+    }
+}
+
+/// One simulated runner pod.
+struct PodRunner {
+    shared: Arc<Shared>,
+    pods: Api<Pod>,
+    uid: String,
+    name: String,
+    config: SimulatorConfig,
+    runner_id: Option<i64>,
+    /// The job held and whether it was started.
+    job: Option<(i64, bool)>,
+}
+
+/// Why a runner stopped before the end of its life.
+enum Stop {
+    /// Its pod was deleted.
+    Deleted,
+    /// It could not go on; the message says why.
+    Broken(String),
+}
+
+impl PodRunner {
+    async fn run(mut self, pod: Pod, fails_to_start: bool, token: CancellationToken) {
+        let outcome = tokio::select! {
+            () = token.cancelled() => Err(Stop::Deleted),
+            outcome = self.live(&pod, fails_to_start) => outcome,
+        };
+        match outcome {
+            Ok(stage) => self.shared.set_stage(&self.uid, stage),
+            Err(Stop::Deleted) => {
+                self.shared.set_stage(&self.uid, PodStage::Deleted);
+                self.on_deleted();
+            }
+            Err(Stop::Broken(problem)) => {
+                self.shared.set_stage(&self.uid, PodStage::Broken);
+                self.shared.problem(format!("pod {}: {problem}", self.name));
+            }
+        }
+    }
+
+    async fn live(&mut self, pod: &Pod, fails_to_start: bool) -> Result<PodStage, Stop> {
+        if !self.config.scheduling_delay.is_zero() {
+            self.patch_status(unschedulable_status()).await?;
+            tokio::time::sleep(self.config.scheduling_delay).await;
+        }
+        if fails_to_start {
+            self.patch_status(terminated_status(
+                START_FAILURE_EXIT_CODE,
+                START_FAILURE_REASON,
+                "the runner container could not start (simulated)",
+            ))
+            .await?;
+            return Ok(PodStage::FailedToStart);
+        }
+        let jit_config = self.jit_config(pod).await?;
+        self.patch_status(running_status()).await?;
+        self.shared.set_stage(&self.uid, PodStage::Running);
+        let online = self
+            .shared
+            .fake
+            .mark_runner_online(&RunnerSelector {
+                runner_id: None,
+                jit_config: Some(jit_config),
+            })
+            .map_err(|rejection| {
+                Stop::Broken(format!(
+                    "the fake refused the runner's JIT config: {rejection}"
+                ))
+            });
+        let runner_id = match online {
+            Ok(view) => view.id,
+            Err(stop) => {
+                // A real runner with a consumed or revoked config fails to connect and exits non-zero.
+                self.patch_status(terminated_status(1, "Error", "runner could not connect"))
+                    .await?;
+                return Err(stop);
+            }
+        };
+        self.runner_id = Some(runner_id);
+        self.record(|record| record.runner_id = Some(runner_id));
+        let exit_code = self.serve(runner_id).await;
+        let reason = if exit_code == 0 { "Completed" } else { "Error" };
+        self.patch_status(terminated_status(exit_code, reason, "runner exited"))
+            .await?;
+        Ok(PodStage::Finished)
+    }
+
+    /// Waits for a job, runs it and returns the container's exit code.
+    async fn serve(&mut self, runner_id: i64) -> i32 {
+        loop {
+            let Ok(view) = self.shared.fake.runner(runner_id) else {
+                // Deregistered: its job completed without it (cancelled) or the controller removed it.
+                return 0;
+            };
+            if let Some(job) = view.job_request_id {
+                self.job = Some((job, false));
+                if self.shared.fake.start_job(job).is_err() {
+                    // Cancelled or requeued between the assignment and the start; look again.
+                    self.job = None;
+                    tokio::time::sleep(self.config.poll_interval).await;
+                    continue;
+                }
+                self.job = Some((job, true));
+                let pod = self.name.clone();
+                self.shared.book().served.entry(job).or_default().push(pod);
+                self.record(|record| record.job = Some(job));
+                tokio::time::sleep(self.config.job_duration).await;
+                // A cancelled job has completed already; the runner exits all the same.
+                if self
+                    .shared
+                    .fake
+                    .finish_job(job, &self.config.job_result)
+                    .is_ok()
+                {
+                    self.shared.book().jobs_finished += 1;
+                }
+                self.job = None;
+                return self.config.exit_code;
+            }
+            tokio::time::sleep(self.config.poll_interval).await;
+        }
+    }
+
+    /// The runner process dies with its pod: the service sees it go offline; a job it was running fails.
+    fn on_deleted(&self) {
+        let Some(runner_id) = self.runner_id else {
+            return;
+        };
+        match self.job {
+            Some((job, true)) => {
+                if self.shared.fake.finish_job(job, "failed").is_ok() {
+                    self.shared.book().jobs_interrupted += 1;
+                    self.shared.problem(format!(
+                        "pod {} was deleted while its runner ran job {job}",
+                        self.name
+                    ));
+                }
+            }
+            // Offline with a job not started yet hands the job back, as the service does.
+            _ => {
+                let _ = self.shared.fake.mark_runner_offline(runner_id);
+            }
+        }
+    }
+
+    fn record(&self, update: impl FnOnce(&mut PodRecord)) {
+        if let Some(record) = self.shared.book().pods.get_mut(&self.uid) {
+            update(record);
+        }
+    }
+
+    /// The encoded JIT config the runner container would get in its environment.
+    async fn jit_config(&self, pod: &Pod) -> Result<String, Stop> {
+        let var = pod
+            .spec
+            .iter()
+            .flat_map(|spec| &spec.containers)
+            .filter(|c| c.name == RUNNER_CONTAINER_NAME)
+            .flat_map(|c| c.env.iter().flatten())
+            .find(|var| var.name == JIT_CONFIG_ENV)
+            .ok_or_else(|| {
+                Stop::Broken(format!(
+                    "no {JIT_CONFIG_ENV} in the `{RUNNER_CONTAINER_NAME}` container"
+                ))
+            })?;
+        if let Some(value) = &var.value {
+            return Ok(value.clone());
+        }
+        let key_ref = var
+            .value_from
+            .as_ref()
+            .and_then(|from| from.secret_key_ref.as_ref())
+            .ok_or_else(|| {
+                Stop::Broken(format!(
+                    "{JIT_CONFIG_ENV} is neither a value nor a Secret key"
+                ))
+            })?;
+        let secrets: Api<Secret> = Api::namespaced(
+            self.shared.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
+        let deadline = tokio::time::Instant::now() + JIT_CONFIG_WAIT;
+        loop {
+            let value = secrets
+                .get_opt(&key_ref.name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|secret| secret.data)
+                .and_then(|mut data| data.remove(&key_ref.key))
+                .and_then(|bytes| String::from_utf8(bytes.0).ok());
+            if let Some(value) = value {
+                return Ok(value);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Stop::Broken(format!(
+                    "Secret {} has no key {} (the kubelet would keep the pod in CreateContainerConfigError)",
+                    key_ref.name, key_ref.key
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn patch_status(&self, status: Value) -> Result<(), Stop> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self
+                .pods
+                .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                // The pod is gone: the watch will cancel this runner, if it has not already.
+                Err(kube::Error::Api(response)) if response.code == 404 => {
+                    return Err(Stop::Deleted);
+                }
+                Err(error) if attempt >= STATUS_PATCH_ATTEMPTS => {
+                    return Err(Stop::Broken(format!("patching the pod status: {error}")));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await,
+            }
+        }
+    }
+}
+
+fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+fn unschedulable_status() -> Value {
+    json!({"status": {
+        "phase": "Pending",
+        "conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/0 nodes are available (simulated: waiting for a node)",
+            "lastTransitionTime": now(),
+        }],
+    }})
+}
+
+fn container_status(ready: bool, state: Value) -> Value {
+    json!({
+        "name": RUNNER_CONTAINER_NAME,
+        "image": "ghcr.io/actions/actions-runner:latest",
+        "imageID": "",
+        "ready": ready,
+        "restartCount": 0,
+        "started": ready,
+        "state": state,
+    })
+}
+
+fn running_status() -> Value {
+    let now = now();
+    json!({"status": {
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+        ],
+        "containerStatuses": [container_status(true, json!({"running": {"startedAt": now}}))],
+    }})
+}
+
+fn terminated_status(exit_code: i32, reason: &str, message: &str) -> Value {
+    let now = now();
+    let phase = if exit_code == 0 {
+        "Succeeded"
+    } else {
+        "Failed"
+    };
+    json!({"status": {
+        "phase": phase,
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Ready", "status": "False", "lastTransitionTime": now},
+        ],
+        "containerStatuses": [container_status(false, json!({"terminated": {
+            "exitCode": exit_code,
+            "reason": reason,
+            "message": message,
+            "finishedAt": now,
+        }}))],
+    }})
+}
+
+/// A small, seedable generator (SplitMix64): fates must be reproducible, and nothing here needs more.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        // The top 53 bits fill an f64 mantissa exactly.
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generator_is_reproducible_and_in_range() {
+        let mut a = SplitMix64(7);
+        let mut b = SplitMix64(7);
+        let draws: Vec<f64> = (0..1000).map(|_| a.next_f64()).collect();
+        assert!(draws.iter().all(|d| (0.0..1.0).contains(d)));
+        assert_eq!(draws, (0..1000).map(|_| b.next_f64()).collect::<Vec<_>>());
+        // Roughly uniform: a rate of 0.3 selects about 300 of 1000.
+        let selected = draws.iter().filter(|d| **d < 0.3).count();
+        assert!((250..350).contains(&selected), "{selected}");
+        assert_ne!(SplitMix64(8).next_u64(), SplitMix64(7).next_u64());
+    }
+
+    #[test]
+    fn terminated_status_reflects_the_exit_code() {
+        let ok = terminated_status(0, "Completed", "done");
+        assert_eq!(ok["status"]["phase"], "Succeeded");
+        assert_eq!(
+            ok["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            0
+        );
+        let failed = terminated_status(START_FAILURE_EXIT_CODE, START_FAILURE_REASON, "x");
+        assert_eq!(failed["status"]["phase"], "Failed");
+        assert_eq!(
+            failed["status"]["containerStatuses"][0]["name"],
+            RUNNER_CONTAINER_NAME
+        );
+    }
+}

@@ -1,0 +1,686 @@
+//! One scale set on one machine, the way a user installs it: the local control plane, the fake Actions Service,
+//! the manager (in-process), the listener-pod executor running the real listener binary, the runner simulator,
+//! and the objects a default `helm template` of the scale-set chart renders, created as Helm would create them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chart_tests::{Chart, Template};
+use controller::{Manager, Options};
+use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
+use fake_actions_service::{EnqueueJobs, FakeActionsService, JobState, StateSnapshot};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+use test_harness::{ListenerExecutor, TestContext};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::simulator::{PodStage, Simulator, SimulatorConfig};
+use crate::{Error, Result};
+
+/// The token the rendered credentials Secret carries (the fake accepts any in lenient mode).
+pub const GITHUB_TOKEN: &str = "ghp_e2e";
+/// The organization in the config URL.
+pub const ORGANIZATION: &str = "e2e-org";
+/// The controller ServiceAccount named in the rendered manager RoleBinding (the in-process manager uses the
+/// admin client, so it need not exist).
+pub const CONTROLLER_SERVICE_ACCOUNT: &str = "arc-rs-controller";
+/// Label selector of runner pods.
+pub const RUNNER_POD_SELECTOR: &str = "actions-ephemeral-runner=True";
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct WorldConfig {
+    /// Helm release name, which is also the AutoscalingRunnerSet's and the scale set's name.
+    pub release: String,
+    /// Chart values on top of the required ones (URL, token, controller ServiceAccount), e.g.
+    /// `{"minRunners": 2, "maxRunners": 10}`.
+    pub values: Value,
+    /// Runner behaviour.
+    pub simulator: SimulatorConfig,
+    /// The fake's configuration.
+    pub fake: fake_actions_service::Config,
+    /// Adjusts the manager's options after the world's defaults (short delays, this world's namespaces).
+    pub tune: fn(&mut Options),
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        Self {
+            release: "arc-e2e".to_owned(),
+            values: json!({}),
+            simulator: SimulatorConfig::default(),
+            // Sessions of a killed listener must expire quickly enough for its successor to take over.
+            fake: fake_actions_service::Config {
+                session_idle_timeout: Some(Duration::from_secs(20)),
+                long_poll_timeout: Duration::from_secs(10),
+                ..fake_actions_service::Config::default()
+            },
+            tune: |_| {},
+        }
+    }
+}
+
+/// The manager running in this process.
+struct RunningManager {
+    shutdown: CancellationToken,
+    task: JoinHandle<controller::Result<()>>,
+}
+
+/// Everything one scale set needs, running.
+pub struct World {
+    pub ctx: TestContext,
+    /// Where the listener lives (the controller's namespace).
+    pub controller_namespace: String,
+    pub fake: FakeActionsService,
+    pub config_url: String,
+    pub release: String,
+    /// The objects the chart rendered, as created.
+    pub rendered: Vec<Value>,
+    pub simulator: Simulator,
+    executor: Option<ListenerExecutor>,
+    manager: Mutex<Option<RunningManager>>,
+    tune: fn(&mut Options),
+    enqueued: Mutex<Vec<i64>>,
+}
+
+/// Counts at one moment, for assertions and the demo's live view.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Observation {
+    /// Jobs enqueued through this world, not running yet.
+    pub jobs_queued: usize,
+    pub jobs_running: usize,
+    pub jobs_done: usize,
+    /// The listener's desired replicas (EphemeralRunnerSet `spec.replicas`).
+    pub desired_replicas: i64,
+    /// EphemeralRunners by phase (`Pending`, `Running`, ...; empty phase as `New`).
+    pub runners: BTreeMap<String, usize>,
+    pub runner_pods_pending: usize,
+    pub runner_pods_running: usize,
+    /// Simulated runners that exited after their job.
+    pub runners_finished: usize,
+    /// Simulated pods that failed to start.
+    pub start_failures: usize,
+    /// Runners registered in the fake for this scale set.
+    pub registered_runners: usize,
+}
+
+impl World {
+    /// Builds and starts everything; the manager runs and the scale set is installed when this returns.
+    pub async fn start(prefix: &str, config: WorldConfig) -> Result<Self> {
+        let ctx = TestContext::try_new(prefix)
+            .await
+            .map_err(Error::ControlPlane)?;
+        test_harness::apply_crds(&ctx.client, &crds::all_crds()).await?;
+        let controller_namespace =
+            test_harness::create_namespace(&ctx.client, &format!("{prefix}-system")).await?;
+        let fake = FakeActionsService::start(config.fake.clone()).await?;
+        let config_url = format!("{}/{ORGANIZATION}", fake.base_url());
+
+        let binary = test_harness::workspace_binary("listener", "listener")?;
+        let executor = ListenerExecutor::start(
+            ctx.control_plane,
+            ctx.client.clone(),
+            Some(&controller_namespace),
+            binary,
+        )?;
+        let simulator = Simulator::start(
+            ctx.client.clone(),
+            Some(&ctx.namespace),
+            fake.state(),
+            config.simulator.clone(),
+        );
+        let rendered = render_scale_set(
+            &config.release,
+            &ctx.namespace,
+            &config_url,
+            &controller_namespace,
+            &config.values,
+        )?;
+        let world = Self {
+            ctx,
+            controller_namespace,
+            fake,
+            config_url,
+            release: config.release,
+            rendered,
+            simulator,
+            executor: Some(executor),
+            manager: Mutex::new(None),
+            tune: config.tune,
+            enqueued: Mutex::default(),
+        };
+        world.start_manager();
+        world.install().await?;
+        Ok(world)
+    }
+
+    pub fn client(&self) -> Client {
+        self.ctx.client.clone()
+    }
+
+    /// The namespace of the scale set and its runners.
+    pub fn namespace(&self) -> &str {
+        &self.ctx.namespace
+    }
+
+    /// The manager's options: this world's namespaces and short delays, then the world's `tune`.
+    pub fn options(&self) -> Options {
+        let mut options = Options {
+            watch_namespace: Some(self.ctx.namespace.clone()),
+            build_version: "e2e".to_owned(),
+            actions_call_timeout: Duration::from_secs(10),
+            resync_interval: Duration::from_secs(5),
+            error_backoff_min: Duration::from_millis(200),
+            error_backoff_max: Duration::from_secs(2),
+            scale_set_check_interval: Duration::from_secs(5),
+            configuration_error_backoff: Duration::from_secs(5),
+            ..Options::default()
+        };
+        options.listener.namespace = Some(self.controller_namespace.clone());
+        options.listener.image = "ghcr.io/arc-rs/arc-rs:e2e".to_owned();
+        options.listener.log_level = "info".to_owned();
+        options.runner.failure_backoff_base = Duration::from_millis(200);
+        options.runner.job_still_running_requeue = Duration::from_millis(500);
+        options.runner.pod_rejection_retry = Duration::from_secs(1);
+        options.runner.disruption_backoff_max = Duration::from_secs(1);
+        options.scale_down.ready_grace_period = Duration::ZERO;
+        (self.tune)(&mut options);
+        options
+    }
+
+    /// Starts the manager in-process (a no-op when it runs).
+    pub fn start_manager(&self) {
+        let mut slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return;
+        }
+        let shutdown = CancellationToken::new();
+        let manager = Manager::new(self.client(), self.options());
+        let task = tokio::spawn(manager.run(shutdown.clone()));
+        *slot = Some(RunningManager { shutdown, task });
+    }
+
+    /// Stops the manager: gracefully (in-flight reconciles finish), or `kill`ed as if the process died.
+    pub async fn stop_manager(&self, kill: bool) -> Result<()> {
+        let running = self
+            .manager
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(running) = running else {
+            return Ok(());
+        };
+        if kill {
+            running.task.abort();
+            let _ = running.task.await;
+            return Ok(());
+        }
+        running.shutdown.cancel();
+        match running.task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(Error::Manager(error.to_string())),
+            Err(join) => Err(Error::Manager(join.to_string())),
+        }
+    }
+
+    /// Whether the manager task ended by itself (it should not), and how.
+    pub fn manager_exit(&self) -> Option<String> {
+        let slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref()
+            .filter(|running| running.task.is_finished())
+            .map(|_| "the manager task ended".to_owned())
+    }
+
+    /// Creates the rendered objects, as `helm install` would.
+    pub async fn install(&self) -> Result<()> {
+        for object in &self.rendered {
+            let (api, _) = self.dynamic_api(object).await?;
+            let object: DynamicObject =
+                serde_json::from_value(object.clone()).map_err(|e| Error::InvalidObject {
+                    what: describe(object),
+                    reason: e.to_string(),
+                })?;
+            api.create(&PostParams::default(), &object).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the rendered objects, as `helm uninstall` would (the AutoscalingRunnerSet first; the others carry
+    /// the cleanup-protection finalizer its controller removes).
+    pub async fn uninstall(&self) -> Result<()> {
+        let mut objects: Vec<&Value> = self.rendered.iter().collect();
+        objects.sort_by_key(|o| o["kind"] != "AutoscalingRunnerSet");
+        for object in objects {
+            let (api, name) = self.dynamic_api(object).await?;
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(response)) if response.code == 404 => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any rendered object still exists, as `kind/name` of those that do.
+    pub async fn rendered_left(&self) -> Result<Vec<String>> {
+        let mut left = Vec::new();
+        for object in &self.rendered {
+            let (api, name) = self.dynamic_api(object).await?;
+            if api.get_opt(&name).await?.is_some() {
+                left.push(describe(object));
+            }
+        }
+        Ok(left)
+    }
+
+    async fn dynamic_api(&self, object: &Value) -> Result<(Api<DynamicObject>, String)> {
+        let invalid = |reason: &str| Error::InvalidObject {
+            what: describe(object),
+            reason: reason.to_owned(),
+        };
+        let api_version = object["apiVersion"]
+            .as_str()
+            .ok_or_else(|| invalid("no apiVersion"))?;
+        let kind = object["kind"].as_str().ok_or_else(|| invalid("no kind"))?;
+        let name = object["metadata"]["name"]
+            .as_str()
+            .ok_or_else(|| invalid("no name"))?;
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, _) = kube::discovery::pinned_kind(&self.client(), &gvk).await?;
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(&self.ctx.namespace);
+        Ok((
+            Api::namespaced_with(self.client(), namespace, &resource),
+            name.to_owned(),
+        ))
+    }
+
+    /// The scale set's id in the fake, once the controller created it.
+    pub fn scale_set_id(&self) -> Option<i64> {
+        self.fake
+            .state()
+            .snapshot()
+            .scale_sets
+            .into_iter()
+            .find(|set| set.name.eq_ignore_ascii_case(&self.release))
+            .map(|set| set.id)
+    }
+
+    /// Waits until the listener holds a session for the scale set: from then on, enqueued jobs reach it.
+    pub async fn wait_listening(&self, timeout: Duration) -> Result<()> {
+        let release = self.release.clone();
+        self.fake
+            .state()
+            .wait_for(timeout, |snapshot| {
+                snapshot
+                    .scale_sets
+                    .iter()
+                    .any(|set| set.name.eq_ignore_ascii_case(&release) && set.session_id.is_some())
+            })
+            .await
+            .map(|_| ())
+            .map_err(|snapshot| Error::Timeout {
+                what: "a listener session for the scale set".to_owned(),
+                timeout,
+                detail: format!("{:?}", snapshot.scale_sets),
+            })
+    }
+
+    /// Enqueues `count` jobs for the scale set; returns their request ids.
+    pub fn enqueue(&self, count: u32) -> Result<Vec<i64>> {
+        let ids = self.fake.state().enqueue_jobs(&EnqueueJobs {
+            scale_set_name: Some(self.release.clone()),
+            count,
+            ..EnqueueJobs::default()
+        })?;
+        self.enqueued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(&ids);
+        Ok(ids)
+    }
+
+    /// Request ids of every job enqueued through [`World::enqueue`].
+    pub fn enqueued(&self) -> Vec<i64> {
+        self.enqueued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Waits until every job in `ids` has completed.
+    pub async fn wait_jobs_completed(
+        &self,
+        ids: &[i64],
+        timeout: Duration,
+    ) -> Result<StateSnapshot> {
+        self.fake
+            .state()
+            .wait_for(timeout, |snapshot| completed(snapshot, ids) == ids.len())
+            .await
+            .map_err(|snapshot| {
+                let mut states: BTreeMap<String, usize> = BTreeMap::new();
+                for job in snapshot.jobs.iter().filter(|j| ids.contains(&j.request_id)) {
+                    *states.entry(format!("{:?}", job.state)).or_default() += 1;
+                }
+                Error::Timeout {
+                    what: format!("{} jobs to complete", ids.len()),
+                    timeout,
+                    detail: format!(
+                        "jobs by state {states:?}; simulator {:?}",
+                        self.simulator.stats()
+                    ),
+                }
+            })
+    }
+
+    /// Waits until the scale set is at rest with exactly `runners` idle runners: that many EphemeralRunners,
+    /// all Running with a Running pod, that many runners registered in the fake and none busy.
+    pub async fn wait_idle(&self, runners: usize, timeout: Duration) -> Result<()> {
+        self.eventually(&format!("{runners} idle runners"), timeout, || async {
+            let observation = self.observe().await?;
+            let ers = self.ephemeral_runners().await?;
+            let all_running = ers.iter().all(|er| {
+                er.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == "Running" && s.job_id.is_empty())
+            });
+            let done = ers.len() == runners
+                && all_running
+                && observation.runner_pods_running == runners
+                && observation.runner_pods_pending == 0
+                && observation.registered_runners == runners
+                && observation.desired_replicas == runners as i64;
+            Ok((done, format!("{observation:?}")))
+        })
+        .await
+    }
+
+    /// Polls `check` (which says whether it holds, and what it saw) until it holds or `timeout` passes.
+    pub async fn eventually<F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(bool, String)>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (done, detail) = check().await?;
+            if done {
+                return Ok(());
+            }
+            if let Some(exit) = self.manager_exit() {
+                return Err(Error::Manager(exit));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: what.to_owned(),
+                    timeout,
+                    detail,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Counts now.
+    pub async fn observe(&self) -> Result<Observation> {
+        let snapshot = self.fake.state().snapshot();
+        let ids = self.enqueued();
+        let mut observation = Observation::default();
+        for job in snapshot.jobs.iter().filter(|j| ids.contains(&j.request_id)) {
+            match job.state {
+                JobState::Completed => observation.jobs_done += 1,
+                JobState::Running => observation.jobs_running += 1,
+                _ => observation.jobs_queued += 1,
+            }
+        }
+        let scale_set = self.scale_set_id();
+        observation.registered_runners = snapshot
+            .runners
+            .iter()
+            .filter(|r| Some(r.scale_set_id) == scale_set)
+            .count();
+        observation.desired_replicas = self
+            .ctx
+            .api::<EphemeralRunnerSet>()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|set| set.spec.replicas)
+            .sum();
+        for er in self.ephemeral_runners().await? {
+            let phase = er
+                .status
+                .map(|s| s.phase)
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "New".to_owned());
+            *observation.runners.entry(phase).or_default() += 1;
+        }
+        for pod in self.runner_pods().await? {
+            match pod.status.and_then(|s| s.phase).as_deref() {
+                Some("Running") => observation.runner_pods_running += 1,
+                Some("Succeeded" | "Failed") => {}
+                _ => observation.runner_pods_pending += 1,
+            }
+        }
+        let stats = self.simulator.stats();
+        observation.runners_finished = stats.in_stage(PodStage::Finished);
+        observation.start_failures = stats.in_stage(PodStage::FailedToStart);
+        Ok(observation)
+    }
+
+    pub async fn ephemeral_runners(&self) -> Result<Vec<EphemeralRunner>> {
+        Ok(self
+            .ctx
+            .api::<EphemeralRunner>()
+            .list(&ListParams::default())
+            .await?
+            .items)
+    }
+
+    pub async fn ephemeral_runner_sets(&self) -> Result<Vec<EphemeralRunnerSet>> {
+        Ok(self
+            .ctx
+            .api::<EphemeralRunnerSet>()
+            .list(&ListParams::default())
+            .await?
+            .items)
+    }
+
+    pub async fn runner_pods(&self) -> Result<Vec<Pod>> {
+        Ok(self
+            .ctx
+            .api::<Pod>()
+            .list(&ListParams::default().labels(RUNNER_POD_SELECTOR))
+            .await?
+            .items)
+    }
+
+    /// Secrets holding a JIT config (`jitToken`) in the runner namespace.
+    pub async fn jit_secrets(&self) -> Result<Vec<Secret>> {
+        Ok(self
+            .ctx
+            .api::<Secret>()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|s| s.data.as_ref().is_some_and(|d| d.contains_key("jitToken")))
+            .collect())
+    }
+
+    pub async fn runner_set(&self) -> Result<Option<AutoscalingRunnerSet>> {
+        Ok(self
+            .ctx
+            .api::<AutoscalingRunnerSet>()
+            .get_opt(&self.release)
+            .await?)
+    }
+
+    pub async fn listeners(&self) -> Result<Vec<AutoscalingListener>> {
+        Ok(
+            Api::<AutoscalingListener>::namespaced(self.client(), &self.controller_namespace)
+                .list(&ListParams::default())
+                .await?
+                .items,
+        )
+    }
+
+    pub async fn listener_pods(&self) -> Result<Vec<Pod>> {
+        Ok(
+            Api::<Pod>::namespaced(self.client(), &self.controller_namespace)
+                .list(&ListParams::default().labels(test_harness::LISTENER_POD_SELECTOR))
+                .await?
+                .items,
+        )
+    }
+
+    /// Listener processes running now (`namespace/pod`).
+    pub fn running_listeners(&self) -> Vec<String> {
+        self.executor
+            .as_ref()
+            .map(ListenerExecutor::running)
+            .unwrap_or_default()
+    }
+
+    /// Problems the listener executor met.
+    pub fn executor_errors(&self) -> Vec<String> {
+        self.executor
+            .as_ref()
+            .map(ListenerExecutor::errors)
+            .unwrap_or_default()
+    }
+
+    /// The end of the log of the listener process of `pod`.
+    pub fn listener_log(&self, pod: &str) -> Option<String> {
+        self.executor
+            .as_ref()
+            .and_then(|e| e.log(&self.controller_namespace, pod))
+    }
+
+    /// Kills the running listener process with SIGKILL, as an OOM kill or a node crash would; the executor then
+    /// reports its pod Failed (exit 137) and the AutoscalingListener controller must recreate it. Returns the
+    /// pod's name.
+    pub async fn kill_listener(&self) -> Result<String> {
+        let pod = self
+            .listener_pods()
+            .await?
+            .into_iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .ok_or_else(|| Error::KillListener {
+                pod: "(none)".to_owned(),
+                reason: "no running listener pod".to_owned(),
+            })?;
+        let name = pod.name_any();
+        kill_listener_process(
+            &self.controller_namespace,
+            &name,
+            &pod.uid().unwrap_or_default(),
+        )?;
+        Ok(name)
+    }
+
+    /// Stops the executor (every listener process) and the simulator, and the manager gracefully.
+    pub async fn shutdown(mut self) -> Result<()> {
+        let stopped = self.stop_manager(false).await;
+        if let Some(executor) = self.executor.take() {
+            tokio::task::spawn_blocking(move || executor.stop())
+                .await
+                .map_err(|e| Error::Manager(e.to_string()))?;
+        }
+        stopped
+    }
+}
+
+/// How many of `ids` have completed.
+pub fn completed(snapshot: &StateSnapshot, ids: &[i64]) -> usize {
+    snapshot
+        .jobs
+        .iter()
+        .filter(|j| ids.contains(&j.request_id) && j.state == JobState::Completed)
+        .count()
+}
+
+/// The scale-set chart rendered as release `release` in `namespace`, pointing at `config_url`, with the
+/// controller ServiceAccount in `controller_namespace` and `values` on top.
+pub fn render_scale_set(
+    release: &str,
+    namespace: &str,
+    config_url: &str,
+    controller_namespace: &str,
+    values: &Value,
+) -> Result<Vec<Value>> {
+    Ok(Template::new(Chart::ScaleSet)
+        .release(release)
+        .namespace(namespace)
+        .values(json!({
+            "githubConfigUrl": config_url,
+            "githubConfigSecret": {"github_token": GITHUB_TOKEN},
+            "controllerServiceAccount": {
+                "name": CONTROLLER_SERVICE_ACCOUNT,
+                "namespace": controller_namespace,
+            },
+        }))
+        .values(values.clone())
+        .render()?
+        .into_objects())
+}
+
+fn describe(object: &Value) -> String {
+    format!(
+        "{}/{}",
+        object["kind"].as_str().unwrap_or("?"),
+        object["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// Finds the listener process of a pod by the config path the executor gives it (its private directory is named
+/// `{namespace}--{pod}--{uid}`) and sends it SIGKILL. Only processes this test process started carry that path.
+fn kill_listener_process(namespace: &str, pod: &str, uid: &str) -> Result<()> {
+    let error = |reason: String| Error::KillListener {
+        pod: pod.to_owned(),
+        reason,
+    };
+    let marker = format!("/{namespace}--{pod}--{uid}/");
+    let entries = std::fs::read_dir("/proc").map_err(|e| error(e.to_string()))?;
+    let pid = entries
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(Path::new("/proc").join(pid.to_string()).join("environ"))
+                .map(|environ| {
+                    environ
+                        .split(|b| *b == 0)
+                        .filter_map(|var| std::str::from_utf8(var).ok())
+                        .any(|var| {
+                            var.starts_with("LISTENER_CONFIG_PATH=") && var.contains(&marker)
+                        })
+                })
+                .unwrap_or(false)
+        })
+        .ok_or_else(|| error(format!("no process with {marker} in LISTENER_CONFIG_PATH")))?;
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .map_err(|e| error(e.to_string()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(error(format!("kill -KILL {pid} failed: {status}")))
+    }
+}
