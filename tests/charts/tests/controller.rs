@@ -69,7 +69,8 @@ fn default_args() -> BTreeSet<String> {
         "--metrics-addr=0",
         "--listener-metrics-addr=0",
         "--listener-metrics-endpoint=",
-        "--runner-max-concurrent-reconciles=2",
+        // ARC renders =2 here; ours defaults to the manager's own 64 (docs/helm-values.md).
+        "--runner-max-concurrent-reconciles=64",
     ])
 }
 
