@@ -99,7 +99,7 @@ pub struct Args {
     #[arg(long, default_value = "", value_parser = ["", "bucket_rate_limiter", "typed_rate_limiter"])]
     pub workqueue_rate_limiter: String,
 
-    /// Leader election (run more than one replica). Not implemented: run one replica.
+    /// Leader election on a Lease in the manager's namespace, so several replicas can run and one reconciles.
     #[arg(long, alias = "leader-elect")]
     pub enable_leader_election: bool,
 
@@ -261,9 +261,6 @@ impl Args {
     /// Warnings about flags that are accepted but have no effect here.
     pub fn ignored_flags(&self) -> Vec<&'static str> {
         let mut ignored = Vec::new();
-        if self.enable_leader_election {
-            ignored.push("--enable-leader-election: leader election is not implemented; run a single replica");
-        }
         if !self.pprof_addr.is_empty() {
             ignored.push("--pprof-addr: no profiling endpoint is served");
         }

@@ -300,6 +300,18 @@ pub enum Error {
     #[error("build the Kubernetes client: {0}")]
     BuildKubeClient(#[source] Box<kube::Error>),
 
+    /// Reading or writing the leader-election Lease failed.
+    #[error("leader election Lease {namespace}/{name}: {source}")]
+    LeaderElection {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
     /// Binding or serving an HTTP endpoint failed.
     #[error("serve HTTP on {addr}: {source}")]
     Serve {
@@ -345,6 +357,7 @@ impl Error {
             Self::WatchNotReady { .. } => "watch_not_ready",
             Self::BuildKubeClient(_) => "build_kube_client",
             Self::Serve { .. } => "serve",
+            Self::LeaderElection { .. } => "leader_election",
         }
     }
 

@@ -21,6 +21,7 @@ pub mod error;
 pub mod hash;
 pub mod kubeutil;
 pub mod labels;
+pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod options;

@@ -1,0 +1,300 @@
+//! Opt-in leader election on a `coordination.k8s.io/v1` Lease, so several manager replicas can run and only one
+//! reconciles (`--enable-leader-election`, the Lease named by `--leader-election-id` in the manager's namespace).
+//!
+//! The protocol is client-go's: a candidate takes the Lease when it is free, already its own, or expired
+//! (`renewTime + leaseDurationSeconds` in the past); the holder renews it every `retry_period`; every write is a
+//! replace carrying the `resourceVersion` it read, so two candidates never both win. A leader that cannot renew
+//! for `renew_deadline` must stop reconciling: [`LeaderElector::hold`] returns and the binary exits, as
+//! controller-runtime does, so a restarted pod rejoins as a candidate. On a clean shutdown the Lease is released
+//! (holder cleared) so another replica takes over at once instead of after the lease duration.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result, is_status};
+
+/// Timing of the election, client-go's defaults unless tests shorten them.
+#[derive(Clone, Debug)]
+pub struct LeaseTiming {
+    /// How long a Lease stays valid after its last renewal.
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before giving up leadership.
+    pub renew_deadline: Duration,
+    /// Pause between attempts to acquire or renew.
+    pub retry_period: Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Whether `identity` may take (or keep) a Lease with this spec at `now`.
+pub fn may_acquire(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> bool {
+    let Some(spec) = spec else { return true };
+    match spec.holder_identity.as_deref() {
+        None | Some("") => true,
+        Some(holder) if holder == identity => true,
+        Some(_) => {
+            let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
+                return true;
+            };
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0).max(0));
+            renewed.0 + SignedDuration::from_secs(duration) < now
+        }
+    }
+}
+
+/// The spec to write when `identity` takes or renews a Lease that had `previous`.
+pub fn claimed_spec(
+    previous: Option<&LeaseSpec>,
+    identity: &str,
+    timing: &LeaseTiming,
+    now: Timestamp,
+) -> LeaseSpec {
+    let same_holder = previous.and_then(|p| p.holder_identity.as_deref()) == Some(identity);
+    let transitions = previous.and_then(|p| p.lease_transitions).unwrap_or(0);
+    LeaseSpec {
+        holder_identity: Some(identity.to_owned()),
+        lease_duration_seconds: Some(
+            i32::try_from(timing.lease_duration.as_secs()).unwrap_or(i32::MAX),
+        ),
+        acquire_time: if same_holder {
+            previous.and_then(|p| p.acquire_time.clone())
+        } else {
+            Some(MicroTime(now))
+        },
+        renew_time: Some(MicroTime(now)),
+        lease_transitions: Some(if same_holder || previous.is_none() {
+            transitions
+        } else {
+            transitions.saturating_add(1)
+        }),
+        ..Default::default()
+    }
+}
+
+/// One candidate in the election.
+pub struct LeaderElector {
+    api: Api<Lease>,
+    namespace: String,
+    name: String,
+    identity: String,
+    timing: LeaseTiming,
+}
+
+impl LeaderElector {
+    /// A candidate `identity` for Lease `namespace/name`.
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        timing: LeaseTiming,
+    ) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            timing,
+        }
+    }
+
+    /// This candidate's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn error(&self, source: kube::Error) -> Error {
+        Error::LeaderElection {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    /// One attempt to take or renew the Lease. `Ok(false)`: someone else holds it, or won a race.
+    pub async fn try_acquire_or_renew(&self) -> Result<bool> {
+        let now = Timestamp::now();
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| self.error(e))?
+        else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(claimed_spec(None, &self.identity, &self.timing, now)),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_status(&e, 409) => Ok(false),
+                Err(e) => Err(self.error(e)),
+            };
+        };
+        if !may_acquire(lease.spec.as_ref(), &self.identity, now) {
+            return Ok(false);
+        }
+        lease.spec = Some(claimed_spec(
+            lease.spec.as_ref(),
+            &self.identity,
+            &self.timing,
+            now,
+        ));
+        // `replace` carries the resourceVersion read above: a concurrent writer makes this a 409, not a tie.
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 409) => Ok(false),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Waits until this candidate leads. `false` when `shutdown` fired first.
+    pub async fn acquire(&self, shutdown: &CancellationToken) -> bool {
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    tracing::info!(identity = %self.identity, lease = %self.name, "became leader");
+                    return true;
+                }
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, "leader election attempt failed"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep(self.timing.retry_period) => {}
+            }
+        }
+    }
+
+    /// Renews the Lease until `shutdown` fires (then releases it and returns `true`) or renewal has failed for
+    /// `renew_deadline` (returns `false`: leadership is lost and the caller must stop reconciling).
+    pub async fn hold(&self, shutdown: &CancellationToken) -> bool {
+        let mut last_renewal = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    self.release().await;
+                    return true;
+                }
+                () = tokio::time::sleep(self.timing.retry_period) => {}
+            }
+            match self.try_acquire_or_renew().await {
+                Ok(true) => last_renewal = tokio::time::Instant::now(),
+                Ok(false) => {
+                    tracing::error!(identity = %self.identity, "another replica took the leader Lease");
+                    return false;
+                }
+                Err(error) => tracing::warn!(%error, "renewing the leader Lease failed"),
+            }
+            if last_renewal.elapsed() > self.timing.renew_deadline {
+                tracing::error!(identity = %self.identity, "could not renew the leader Lease in time");
+                return false;
+            }
+        }
+    }
+
+    /// Clears the holder if it is still us, so the next replica need not wait for the Lease to expire.
+    pub async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        // A one-second lease that ended now: free at once for everyone, as client-go's ReleaseOnCancel does.
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        if let Err(error) = self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            tracing::warn!(%error, "releasing the leader Lease failed; it expires by itself");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(holder: Option<&str>, renewed_secs_ago: i64, duration: i32) -> LeaseSpec {
+        let now = Timestamp::now();
+        LeaseSpec {
+            holder_identity: holder.map(str::to_owned),
+            lease_duration_seconds: Some(duration),
+            renew_time: Some(MicroTime(now - SignedDuration::from_secs(renewed_secs_ago))),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn who_may_take_the_lease() {
+        let now = Timestamp::now();
+        assert!(may_acquire(None, "a", now), "no Lease yet");
+        assert!(may_acquire(Some(&spec(None, 0, 15)), "a", now), "released");
+        assert!(
+            may_acquire(Some(&spec(Some(""), 0, 15)), "a", now),
+            "empty holder"
+        );
+        assert!(
+            may_acquire(Some(&spec(Some("a"), 0, 15)), "a", now),
+            "our own"
+        );
+        assert!(
+            !may_acquire(Some(&spec(Some("b"), 5, 15)), "a", now),
+            "held and fresh"
+        );
+        assert!(
+            may_acquire(Some(&spec(Some("b"), 20, 15)), "a", now),
+            "expired"
+        );
+        let no_times = LeaseSpec {
+            holder_identity: Some("b".into()),
+            ..Default::default()
+        };
+        assert!(may_acquire(Some(&no_times), "a", now), "never renewed");
+    }
+
+    #[test]
+    fn claiming_counts_transitions_and_keeps_acquire_time_on_renewal() {
+        let timing = LeaseTiming::default();
+        let t0 = Timestamp::now();
+        let first = claimed_spec(None, "a", &timing, t0);
+        assert_eq!(first.lease_transitions, Some(0));
+        assert_eq!(first.lease_duration_seconds, Some(15));
+        let t1 = t0 + SignedDuration::from_secs(2);
+        let renewed = claimed_spec(Some(&first), "a", &timing, t1);
+        assert_eq!(renewed.acquire_time, first.acquire_time);
+        assert_eq!(renewed.renew_time, Some(MicroTime(t1)));
+        assert_eq!(renewed.lease_transitions, Some(0));
+        let taken = claimed_spec(Some(&renewed), "b", &timing, t1);
+        assert_eq!(taken.holder_identity.as_deref(), Some("b"));
+        assert_eq!(taken.acquire_time, Some(MicroTime(t1)));
+        assert_eq!(taken.lease_transitions, Some(1));
+    }
+}
