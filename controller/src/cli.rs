@@ -323,7 +323,7 @@ mod tests {
         assert_eq!(options.runner_concurrency, 2);
         assert!(!options.runner_gauges);
         assert_eq!(options.exclude_label_propagation_prefixes.len(), 2);
-        assert_eq!(args.ignored_flags().len(), 3);
+        assert_eq!(args.ignored_flags().len(), 2);
     }
 
     /// Exactly what `helm template` renders for the controller chart's default values.
@@ -332,7 +332,7 @@ mod tests {
         "--auto-scaling-runner-set-only",
         "--log-level=debug",
         "--log-format=text",
-        "--runner-max-concurrent-reconciles=2",
+        "--runner-max-concurrent-reconciles=64",
         "--listener-metrics-addr=0",
         "--listener-metrics-endpoint=",
         "--metrics-addr=0",
@@ -373,7 +373,7 @@ mod tests {
         assert_eq!(listener.log_level, "debug");
         assert_eq!(listener.log_format, "text");
         assert_eq!(args.metrics_address().unwrap(), None);
-        assert_eq!(args.options().runner_concurrency, 2);
+        assert_eq!(args.options().runner_concurrency, 64);
     }
 
     #[test]

@@ -1,0 +1,70 @@
+//! The manager accepts every argument list the controller chart renders: the chart and the binary's flags cannot
+//! drift apart. Renders with the real helm and parses with the manager's own clap definition.
+
+use chart_tests::{Chart, Template};
+use clap::Parser;
+use controller::cli::Args;
+use serde_json::{Value, json};
+
+fn manager_args(template: Template) -> Vec<String> {
+    let manifests = template
+        .release("arc")
+        .namespace("arc-systems")
+        .render()
+        .unwrap_or_else(|e| panic!("render failed: {e}"));
+    let deployment = manifests
+        .get("Deployment", "arc-gha-rs-controller")
+        .expect("manager Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let mut args = vec!["manager".to_owned()];
+    args.extend(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("string arg").to_owned()),
+    );
+    args
+}
+
+fn parse(args: &[String]) -> Args {
+    Args::try_parse_from(args).unwrap_or_else(|e| panic!("the manager rejects {args:?}: {e}"))
+}
+
+#[test]
+fn the_default_render_parses_and_does_not_throttle() {
+    let args = parse(&manager_args(Template::new(Chart::Controller)));
+    assert_eq!(args.options().runner_concurrency, 64);
+    assert!(!args.enable_leader_election);
+}
+
+#[test]
+fn a_render_with_every_flag_parses() {
+    let values: Value = json!({
+        "replicaCount": 2,
+        "imagePullSecrets": [{"name": "regcred"}],
+        "flags": {
+            "logLevel": "info",
+            "logFormat": "json",
+            "watchSingleNamespace": "runners",
+            "runnerMaxConcurrentReconciles": 8,
+            "updateStrategy": "eventual",
+            "excludeLabelPropagationPrefixes": ["argocd.argoproj.io/", "internal.example/"],
+            "k8sClientRateLimiterQPS": 50,
+            "k8sClientRateLimiterBurst": 100,
+            "rateLimiter": {"name": "typed_rate_limiter"},
+            "healthProbeBindAddress": ":8081"
+        },
+        "metrics": {"controllerManagerAddr": ":8080", "listenerAddr": ":8080", "listenerEndpoint": "/metrics"},
+        "pprof": {"addr": ":6060"}
+    });
+    let rendered = manager_args(Template::new(Chart::Controller).values(values));
+    let args = parse(&rendered);
+    let options = args.options();
+    assert!(args.enable_leader_election, "{rendered:?}");
+    assert_eq!(options.watch_namespace.as_deref(), Some("runners"));
+    assert_eq!(options.runner_concurrency, 8);
+    assert_eq!(options.exclude_label_propagation_prefixes.len(), 2);
+    assert_eq!(args.k8s_client_rate_limiter_burst, 100);
+    assert_eq!(options.listener.metrics_endpoint, "/metrics");
+}
