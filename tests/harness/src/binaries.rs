@@ -2,8 +2,11 @@
 //! processes.
 //!
 //! Cargo builds a package's binaries only for that package's own integration tests, so a test of another
-//! package asks cargo for the binary itself. `cargo build` is a no-op when the binary is fresh, and the path comes
-//! from cargo's JSON messages, so `CARGO_TARGET_DIR` and profiles just work.
+//! package asks cargo for the binary itself. It asks for what `cargo test --workspace` builds (every lib, bin and
+//! test target of the workspace): feature unification is per invocation, so a narrower `cargo build -p x` would
+//! resolve different dependency features and rebuild half the dependency graph (minutes on a small machine),
+//! while this is a no-op after `cargo test --workspace`. The path comes from cargo's JSON messages, so
+//! `CARGO_TARGET_DIR` and profiles just work.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -26,23 +29,29 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
     cmd.args([
         "build",
         "--message-format=json",
-        "-p",
-        package,
-        "--bin",
-        bin,
+        "--workspace",
+        "--lib",
+        "--bins",
+        "--tests",
     ]);
     if !cfg!(debug_assertions) {
         cmd.arg("--release");
     }
     let output = cmd.output().map_err(|source| Error::StartProcess {
-        name: format!("{cargo} build -p {package} --bin {bin}"),
+        name: format!("{cargo} build --workspace (for {package}/{bin})"),
         source,
     })?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let path = stdout
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|msg| msg["reason"] == "compiler-artifact" && msg["target"]["name"] == bin)
+        .filter(|msg| {
+            msg["reason"] == "compiler-artifact"
+                && msg["target"]["name"] == bin
+                && msg["package_id"]
+                    .as_str()
+                    .is_some_and(|id| id.contains(package))
+        })
         .find_map(|msg| msg["executable"].as_str().map(PathBuf::from));
     match path {
         Some(path) if output.status.success() => {

@@ -71,7 +71,9 @@ pub enum Error {
     Kubeconfig(#[source] kube::config::KubeconfigError),
     #[error("talking to the API server")]
     Kube(#[source] kube::Error),
-    #[error("`cargo build -p {package} --bin {bin}` failed:\n{stderr}")]
+    #[error(
+        "building binary {bin} of package {package} with `cargo build --workspace` failed:\n{stderr}"
+    )]
     BuildBinary {
         package: String,
         bin: String,
