@@ -2,18 +2,29 @@
 //! (error backoff, scale expectations, runner disruption history).
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::Client;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
 
 use crate::actions::ActionsClients;
 use crate::metrics::Metrics;
 use crate::options::Options;
+
+/// An object's key in [`ErrorBackoff`]: controller, namespace and name.
+fn backoff_key<K: ResourceExt>(controller: &str, object: &K) -> String {
+    format!(
+        "{controller}/{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
 
 /// Read-only caches fed by the manager's watches.
 #[derive(Clone)]
@@ -48,7 +59,58 @@ pub struct Context {
     pub runner_memory: RunnerMemory,
 }
 
+/// How a failed reconcile is requeued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorRequeue {
+    /// Per-object exponential backoff.
+    Backoff,
+    /// The same, but at least `Options::configuration_error_backoff` for errors a person has to fix (a Secret,
+    /// a spec): retrying those quickly only burns API calls.
+    SlowForConfiguration,
+}
+
 impl Context {
+    /// Runs one reconcile of `object` with the bookkeeping every controller shares: its duration and outcome
+    /// in the metrics, and the object's error backoff reset once it succeeds.
+    pub async fn instrumented<K: ResourceExt>(
+        &self,
+        controller: &'static str,
+        object: &K,
+        reconcile: impl Future<Output = crate::Result<Action>>,
+    ) -> crate::Result<Action> {
+        let started = Instant::now();
+        let result = reconcile.await;
+        self.metrics
+            .record_reconcile(controller, started, result.as_ref().err());
+        if result.is_ok() {
+            self.backoff.reset(&backoff_key(controller, object));
+        }
+        result
+    }
+
+    /// The requeue after a failed reconcile of `object` (the controllers' `error_policy`).
+    pub fn requeue_after_error<K: ResourceExt>(
+        &self,
+        controller: &'static str,
+        object: &K,
+        error: &crate::Error,
+        policy: ErrorRequeue,
+    ) -> Action {
+        let mut delay = self.backoff.next_delay(&backoff_key(controller, object));
+        if policy == ErrorRequeue::SlowForConfiguration && error.is_configuration_problem() {
+            delay = delay.max(self.options.configuration_error_backoff);
+        }
+        tracing::warn!(
+            controller,
+            name = %object.name_any(),
+            namespace = object.namespace().unwrap_or_default(),
+            %error,
+            ?delay,
+            "reconcile failed"
+        );
+        Action::requeue(delay)
+    }
+
     /// Publishes an Event about `regarding`; failures are only logged, since an Event is never worth failing a
     /// reconcile for.
     pub async fn publish(

@@ -31,7 +31,7 @@ use kube::{Api, Resource, ResourceExt};
 
 pub use reconcile::{PodState, pod_state};
 
-use crate::context::Context;
+use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 
 /// Controller name in metrics and logs (ARC's).
@@ -100,28 +100,17 @@ pub struct ListenerContext {
     pub namespace: String,
 }
 
-fn backoff_key(listener: &AutoscalingListener) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        listener.namespace().unwrap_or_default(),
-        listener.name_any()
-    )
-}
-
 async fn reconcile_one(
     listener: Arc<AutoscalingListener>,
     ctx: Arc<ListenerContext>,
 ) -> Result<Action, Error> {
-    let started = Instant::now();
-    let key = backoff_key(&listener);
-    let result = reconcile::reconcile(listener, Arc::clone(&ctx)).await;
     ctx.base
-        .metrics
-        .record_reconcile(CONTROLLER, started, result.as_ref().err());
-    if result.is_ok() {
-        ctx.base.backoff.reset(&key);
-    }
-    result
+        .instrumented(
+            CONTROLLER,
+            listener.as_ref(),
+            reconcile::reconcile(Arc::clone(&listener), Arc::clone(&ctx)),
+        )
+        .await
 }
 
 fn error_policy(
@@ -129,13 +118,12 @@ fn error_policy(
     error: &Error,
     ctx: Arc<ListenerContext>,
 ) -> Action {
-    let mut delay = ctx.base.backoff.next_delay(&backoff_key(&listener));
-    if error.is_configuration_problem() {
-        // Someone has to fix a Secret or the spec first: no point in retrying quickly.
-        delay = delay.max(ctx.base.options.configuration_error_backoff);
-    }
-    tracing::warn!(listener = %listener.name_any(), %error, ?delay, "reconcile failed");
-    Action::requeue(delay)
+    ctx.base.requeue_after_error(
+        CONTROLLER,
+        listener.as_ref(),
+        error,
+        ErrorRequeue::SlowForConfiguration,
+    )
 }
 
 /// The listener a Role or RoleBinding belongs to, from its labels (nothing if either is missing).

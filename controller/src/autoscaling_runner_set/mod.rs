@@ -32,7 +32,7 @@ use kube::{Resource, ResourceExt};
 pub use reconcile::listener_state;
 
 use crate::autoscaling_listener::ListenerHealth;
-use crate::context::Context;
+use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 
 /// Controller name in metrics and logs (ARC's).
@@ -105,28 +105,17 @@ impl RunnerSetContext {
     }
 }
 
-fn backoff_key(runner_set: &AutoscalingRunnerSet) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        runner_set.namespace().unwrap_or_default(),
-        runner_set.name_any()
-    )
-}
-
 async fn reconcile_one(
     runner_set: Arc<AutoscalingRunnerSet>,
     ctx: Arc<RunnerSetContext>,
 ) -> Result<Action, Error> {
-    let started = Instant::now();
-    let key = backoff_key(&runner_set);
-    let result = reconcile::reconcile(runner_set, Arc::clone(&ctx)).await;
     ctx.base
-        .metrics
-        .record_reconcile(CONTROLLER, started, result.as_ref().err());
-    if result.is_ok() {
-        ctx.base.backoff.reset(&key);
-    }
-    result
+        .instrumented(
+            CONTROLLER,
+            runner_set.as_ref(),
+            reconcile::reconcile(Arc::clone(&runner_set), Arc::clone(&ctx)),
+        )
+        .await
 }
 
 fn error_policy(
@@ -134,12 +123,12 @@ fn error_policy(
     error: &Error,
     ctx: Arc<RunnerSetContext>,
 ) -> Action {
-    let mut delay = ctx.base.backoff.next_delay(&backoff_key(&runner_set));
-    if error.is_configuration_problem() {
-        delay = delay.max(ctx.base.options.configuration_error_backoff);
-    }
-    tracing::warn!(runner_set = %runner_set.name_any(), namespace = runner_set.namespace().unwrap_or_default(), %error, ?delay, "reconcile failed");
-    Action::requeue(delay)
+    ctx.base.requeue_after_error(
+        CONTROLLER,
+        runner_set.as_ref(),
+        error,
+        ErrorRequeue::SlowForConfiguration,
+    )
 }
 
 /// A fingerprint of everything but the status: what the controller reacts to.

@@ -10,48 +10,33 @@ mod reconcile;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crds::EphemeralRunner;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
 pub use reconcile::POD_REJECTED_REASON;
 
-use crate::context::Context;
+use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "ephemeralrunner";
 
-fn backoff_key(runner: &EphemeralRunner) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        runner.namespace().unwrap_or_default(),
-        runner.name_any()
-    )
-}
-
 async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let key = backoff_key(&runner);
-    let result = reconcile::reconcile(runner, Arc::clone(&ctx)).await;
-    ctx.metrics
-        .record_reconcile(CONTROLLER, started, result.as_ref().err());
-    if result.is_ok() {
-        ctx.backoff.reset(&key);
-    }
-    result
+    ctx.instrumented(
+        CONTROLLER,
+        runner.as_ref(),
+        reconcile::reconcile(Arc::clone(&runner), Arc::clone(&ctx)),
+    )
+    .await
 }
 
 fn error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.next_delay(&backoff_key(&runner));
-    tracing::warn!(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default(), %error, ?delay, "reconcile failed");
-    Action::requeue(delay)
+    ctx.requeue_after_error(CONTROLLER, runner.as_ref(), error, ErrorRequeue::Backoff)
 }
 
 /// Runs the controller until `shutdown` resolves and in-flight reconciles finish.

@@ -10,47 +10,32 @@ pub mod scale;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use futures::{Stream, StreamExt};
-use kube::ResourceExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
 pub use runner::runner_spec_hash;
 
-use crate::context::Context;
+use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "ephemeralrunnerset";
 
-fn backoff_key(set: &EphemeralRunnerSet) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        set.namespace().unwrap_or_default(),
-        set.name_any()
-    )
-}
-
 async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let key = backoff_key(&set);
-    let result = reconcile::reconcile(set, Arc::clone(&ctx)).await;
-    ctx.metrics
-        .record_reconcile(CONTROLLER, started, result.as_ref().err());
-    if result.is_ok() {
-        ctx.backoff.reset(&key);
-    }
-    result
+    ctx.instrumented(
+        CONTROLLER,
+        set.as_ref(),
+        reconcile::reconcile(Arc::clone(&set), Arc::clone(&ctx)),
+    )
+    .await
 }
 
 fn error_policy(set: Arc<EphemeralRunnerSet>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.next_delay(&backoff_key(&set));
-    tracing::warn!(set = %set.name_any(), namespace = set.namespace().unwrap_or_default(), %error, ?delay, "reconcile failed");
-    Action::requeue(delay)
+    ctx.requeue_after_error(CONTROLLER, set.as_ref(), error, ErrorRequeue::Backoff)
 }
 
 /// Runs the controller until `shutdown` resolves and in-flight reconciles finish.
