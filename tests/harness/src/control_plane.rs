@@ -71,7 +71,11 @@ impl ControlPlane {
         let server = format!("https://127.0.0.1:{apiserver_port}");
         let kubeconfig = file(
             "kubeconfig",
-            &kubeconfig_json(&server, &ca, &admin_cert, &admin_key),
+            &kubeconfig_json(
+                &server,
+                &ca,
+                serde_json::json!({"client-certificate": admin_cert, "client-key": admin_key}),
+            ),
         )?;
 
         let mut processes = Vec::new();
@@ -209,13 +213,15 @@ fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
 
-fn kubeconfig_json(server: &str, ca: &Path, cert: &Path, key: &Path) -> String {
+/// A kubeconfig (JSON, which every YAML reader accepts) for `server` trusting `ca`, authenticating as `user`
+/// (a kubeconfig `user` object: client certificate files, or a token).
+pub(crate) fn kubeconfig_json(server: &str, ca: &Path, user: serde_json::Value) -> String {
     serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "arc-rs", "cluster": {"server": server, "certificate-authority": ca}}],
-        "users": [{"name": "admin", "user": {"client-certificate": cert, "client-key": key}}],
-        "contexts": [{"name": "arc-rs", "context": {"cluster": "arc-rs", "user": "admin"}}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "arc-rs", "context": {"cluster": "arc-rs", "user": "user"}}],
         "current-context": "arc-rs",
     })
     .to_string()

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::ControlPlane;
+use crate::control_plane::kubeconfig_json;
 use crate::process::Supervised;
 
 /// Label selector of the pods this executor runs.
@@ -341,7 +342,7 @@ impl Runner {
         let kubeconfig = pod_dir.join("kubeconfig");
         std::fs::write(
             &kubeconfig,
-            token_kubeconfig(&self.server, &self.ca_file, &token),
+            kubeconfig_json(&self.server, &self.ca_file, json!({"token": token})),
         )
         .map_err(io_err)?;
 
@@ -511,18 +512,6 @@ async fn service_account_token(
         .create_subresource("token", service_account, &PostParams::default(), &request)
         .await?;
     Ok(response.status.and_then(|s| s.token).unwrap_or_default())
-}
-
-fn token_kubeconfig(server: &str, ca: &Path, token: &str) -> String {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "arc-rs", "cluster": {"server": server, "certificate-authority": ca}}],
-        "users": [{"name": "pod", "user": {"token": token}}],
-        "contexts": [{"name": "arc-rs", "context": {"cluster": "arc-rs", "user": "pod"}}],
-        "current-context": "arc-rs",
-    })
-    .to_string()
 }
 
 fn free_port() -> std::io::Result<u16> {
