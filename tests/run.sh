@@ -21,7 +21,8 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
-cargo test --workspace --locked "$@"
+# --no-fail-fast: one run shows every failing test binary, not just the first.
+cargo test --workspace --locked --no-fail-fast "$@"
 
 step "CRD compatibility with ARC 0.14.2"
 crd_compat="../shared/tools/crd-compat"

@@ -178,6 +178,19 @@ impl ListenerExecutor {
 impl Drop for ListenerExecutor {
     fn drop(&mut self) {
         self.task.abort();
+        // A failing test shows what its listeners said; a passing one stays quiet.
+        if std::thread::panicking() {
+            let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            for ((ns, name), running) in table.iter() {
+                eprintln!(
+                    "--- listener {ns}/{name} log (tail) ---\n{}",
+                    running.process.log_tail(8000)
+                );
+            }
+            for error in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                eprintln!("--- listener executor error: {error}");
+            }
+        }
     }
 }
 
