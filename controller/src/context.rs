@@ -17,6 +17,21 @@ use crate::actions::ActionsClients;
 use crate::metrics::Metrics;
 use crate::options::Options;
 
+/// The API server refuses Events whose note exceeds 1 kB; a cut note is better than a lost Event.
+fn truncate_note(mut note: String) -> String {
+    const MAX: usize = 1024;
+    const ELLIPSIS: &str = "…";
+    if note.len() > MAX {
+        let mut end = MAX - ELLIPSIS.len();
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str(ELLIPSIS);
+    }
+    note
+}
+
 /// An object's key in [`ErrorBackoff`]: controller, namespace and name.
 fn backoff_key<K: ResourceExt>(controller: &str, object: &K) -> String {
     format!(
@@ -124,7 +139,7 @@ impl Context {
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(note),
+            note: Some(truncate_note(note)),
             action: action.to_owned(),
             secondary: None,
         };
@@ -296,6 +311,16 @@ impl RunnerMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_notes_fit_the_api_servers_limit() {
+        assert_eq!(truncate_note("short".to_owned()), "short");
+        let long = "é".repeat(700); // 1400 bytes, two per character
+        let cut = truncate_note(long);
+        assert!(cut.len() <= 1024, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.starts_with("éé"));
+    }
 
     #[test]
     fn backoff_doubles_caps_and_resets() {

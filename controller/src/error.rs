@@ -19,7 +19,7 @@ pub enum Error {
     },
 
     /// Reading a Secret failed.
-    #[error("get Secret {namespace}/{name}: {source}")]
+    #[error("get Secret {namespace}/{name}: {}", api_message(source))]
     GetSecret {
         /// Namespace.
         namespace: String,
@@ -139,7 +139,7 @@ pub enum Error {
     },
 
     /// Creating an object failed.
-    #[error("create {kind} {namespace}/{name}: {source}")]
+    #[error("create {kind} {namespace}/{name}: {}", api_message(source))]
     CreateObject {
         /// Kind.
         kind: &'static str,
@@ -153,7 +153,7 @@ pub enum Error {
     },
 
     /// Deleting an object failed.
-    #[error("delete {kind} {namespace}/{name}: {source}")]
+    #[error("delete {kind} {namespace}/{name}: {}", api_message(source))]
     DeleteObject {
         /// Kind.
         kind: &'static str,
@@ -167,7 +167,7 @@ pub enum Error {
     },
 
     /// Patching an object (metadata, finalizers or status) failed.
-    #[error("patch {what} of {kind} {namespace}/{name}: {source}")]
+    #[error("patch {what} of {kind} {namespace}/{name}: {}", api_message(source))]
     PatchObject {
         /// Kind.
         kind: &'static str,
@@ -183,7 +183,7 @@ pub enum Error {
     },
 
     /// Reading or listing objects failed.
-    #[error("read {kind} in {namespace}: {source}")]
+    #[error("read {kind} in {namespace}: {}", api_message(source))]
     ReadObjects {
         /// Kind.
         kind: &'static str,
@@ -301,7 +301,7 @@ pub enum Error {
     BuildKubeClient(#[source] Box<kube::Error>),
 
     /// Reading or writing the leader-election Lease failed.
-    #[error("leader election Lease {namespace}/{name}: {source}")]
+    #[error("leader election Lease {namespace}/{name}: {}", api_message(source))]
     LeaderElection {
         /// Namespace.
         namespace: String,
@@ -365,6 +365,13 @@ impl Error {
     /// errors are retried slowly.
     pub fn is_configuration_problem(&self) -> bool {
         match self {
+            // 422 Invalid: the object we derive from the user's spec can never be stored (e.g. a name longer than
+            // a label value allows) until the spec changes.
+            Self::CreateObject { source, .. } | Self::PatchObject { source, .. }
+                if is_status(source, 422) =>
+            {
+                true
+            }
             Self::CredentialsSecretMissing { .. }
             | Self::ReadCredentials { .. }
             | Self::UnsupportedVault { .. }

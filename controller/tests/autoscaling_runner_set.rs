@@ -207,7 +207,8 @@ async fn the_listener_may_patch_only_its_own_runner_set() {
     assert!(!can("update", "ephemeralrunnersets", Some("rbac")).await);
     assert!(!can("delete", "ephemeralrunnersets", Some("rbac")).await);
     assert!(!can("get", "ephemeralrunnersets", Some("rbac")).await);
-    assert!(can("patch", "ephemeralrunners", Some("any-runner")).await);
+    // Only `ephemeralrunners/status` (checked in security.rs), never the runner's spec.
+    assert!(!can("patch", "ephemeralrunners", Some("any-runner")).await);
     assert!(!can("delete", "ephemeralrunners", Some("any-runner")).await);
     assert!(!can("create", "autoscalingrunnersets", None).await);
     manager.stop().await;

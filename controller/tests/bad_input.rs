@@ -447,7 +447,6 @@ async fn negative_runner_bounds_are_refused_by_the_api_server() {
 /// Label values are at most 63 characters, and every child carries the set's name in a label; a longer name
 /// can never work, so it must be reported as a configuration problem, not retried as if it might pass.
 #[tokio::test]
-#[ignore = "bug: the Event is lost (note over 1 kB, with a Status debug dump) and 422s retry fast, see report"]
 async fn an_over_long_name() {
     let name = format!("long-{}", "x".repeat(60));
     let env = Env::new("long-name").await;

@@ -268,7 +268,6 @@ async fn the_listener_account_can_only_patch_its_own_set_and_runner_status() {
 /// The listener only writes `ephemeralrunners/status` (job identity). Patching the runners themselves would let
 /// a compromised listener rewrite a runner's pod spec, which the controller then runs.
 #[tokio::test]
-#[ignore = "bug: the listener Role grants patch on ephemeralrunners, not only ephemeralrunners/status, see report"]
 async fn the_listener_account_cannot_patch_runner_specs() {
     let env = Env::new("sec-er-spec").await;
     let manager = env.start(env.options());

@@ -132,10 +132,10 @@ pub fn role_rules(ephemeral_runner_set: &str) -> Vec<PolicyRule> {
         },
         PolicyRule {
             api_groups: Some(vec![crds::constants::GROUP.to_owned()]),
-            resources: Some(vec![
-                "ephemeralrunners".to_owned(),
-                "ephemeralrunners/status".to_owned(),
-            ]),
+            // Beyond ARC, which also grants `ephemeralrunners`: the listener writes only the status subresource
+            // (job identity). Patching a runner's spec would let a compromised listener choose the pod the
+            // controller runs in the runners' namespace.
+            resources: Some(vec!["ephemeralrunners/status".to_owned()]),
             verbs: vec!["patch".to_owned()],
             ..PolicyRule::default()
         },
@@ -623,7 +623,7 @@ mod tests {
             rules,
             json!([
                 {"apiGroups": ["actions.github.com"], "resources": ["ephemeralrunnersets"], "resourceNames": ["set"], "verbs": ["patch"]},
-                {"apiGroups": ["actions.github.com"], "resources": ["ephemeralrunners", "ephemeralrunners/status"], "verbs": ["patch"]},
+                {"apiGroups": ["actions.github.com"], "resources": ["ephemeralrunners/status"], "verbs": ["patch"]},
             ])
         );
         assert_eq!(role.metadata.namespace.as_deref(), Some("runners"));
