@@ -206,7 +206,6 @@ const TEST_KEY: &str =
     "-----BEGIN RSA PRIVATE KEY-----\nbm90IGEga2V5\n-----END RSA PRIVATE KEY-----\n";
 
 #[tokio::test]
-#[ignore = "bug: a malformed App private key is reported as ConfigurationInvalid, not CredentialsInvalid, see report"]
 async fn a_malformed_private_key() {
     let (_env, manager, message) = case(
         "bad-key",
@@ -295,7 +294,6 @@ fn proxy(url: &str, credentials: &str) -> Option<ProxyConfig> {
 /// `parse_proxy_url` follows Go and prepends `http://` to what does not parse, so only an unsupported scheme is
 /// certain to be refused when the client is built.
 #[tokio::test]
-#[ignore = "bug: an unusable proxy URL is reported as ConfigurationInvalid, not ProxyInvalid, see report"]
 async fn an_invalid_proxy_url() {
     let (_env, manager, _) = case(
         "bad-proxy",
@@ -374,7 +372,6 @@ async fn a_ca_config_map_without_the_key() {
 }
 
 #[tokio::test]
-#[ignore = "bug: a CA that is not PEM is reported as ConfigurationInvalid, not TlsCertificateInvalid, see report"]
 async fn a_ca_that_is_not_pem() {
     let (_env, manager, _) = case(
         "ca-pem",

@@ -65,7 +65,15 @@ pub fn scale_set_reason(error: &Error) -> &'static str {
         Error::UnsupportedVault { .. } => "VaultUnsupported",
         Error::ReadProxyCredentials { .. } | Error::ProxyUrl { .. } => "ProxyInvalid",
         Error::ReadTlsCertificate { .. } => "TlsCertificateInvalid",
-        Error::BuildActionsClient { .. } => "ConfigurationInvalid",
+        // Name the part of the configuration that is wrong, so the user knows where to look.
+        Error::BuildActionsClient { source, .. } => match source {
+            actions_client::Error::ValidateCredentials(_)
+            | actions_client::Error::LoadAppPrivateKey(_)
+            | actions_client::Error::SignAppJwt(_) => "CredentialsInvalid",
+            actions_client::Error::LoadRootCa { .. } => "TlsCertificateInvalid",
+            actions_client::Error::ConfigureProxy { .. } => "ProxyInvalid",
+            _ => "ConfigurationInvalid",
+        },
         Error::ActionsDeadline { .. } => "ActionsServiceUnavailable",
         Error::GetRunnerGroup { source, .. }
         | Error::GetScaleSet { source, .. }
