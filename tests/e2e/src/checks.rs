@@ -197,3 +197,23 @@ pub fn ensure(problems: Vec<String>) -> Result<()> {
         Err(Error::Invariant(problems.join("; ")))
     }
 }
+
+/// The end of every suite: every job enqueued through the world completes, the set comes back to
+/// `min_runners` idle runners, then every invariant is checked and an uninstall must leave nothing behind.
+/// `cancelled` jobs must have completed as `canceled`.
+pub async fn settle_and_verify(
+    world: &World,
+    min_runners: usize,
+    cancelled: &[i64],
+    timeout: Duration,
+) -> Result<()> {
+    let ids = world.enqueued();
+    world.wait_jobs_completed(&ids, timeout).await?;
+    world.wait_idle(min_runners, timeout).await?;
+    let mut problems = jobs_completed_exactly_once(world, &ids, cancelled);
+    problems.extend(no_orphans(world).await?);
+    problems.extend(world.simulator.problems());
+    problems.extend(world.executor_errors());
+    ensure(problems)?;
+    uninstall_leaves_nothing(world, timeout).await
+}

@@ -123,7 +123,7 @@ impl World {
         let fake = FakeActionsService::start(config.fake.clone()).await?;
         let config_url = format!("{}/{ORGANIZATION}", fake.base_url());
 
-        let binary = test_harness::workspace_binary("listener", "listener")?;
+        let binary = listener_binary()?;
         let executor = ListenerExecutor::start(
             ctx.control_plane,
             ctx.client.clone(),
@@ -174,7 +174,9 @@ impl World {
     pub fn options(&self) -> Options {
         let mut options = Options {
             watch_namespace: Some(self.ctx.namespace.clone()),
-            build_version: "e2e".to_owned(),
+            // The AutoscalingRunnerSet controller deletes sets whose `app.kubernetes.io/version` label differs
+            // from its build (ARC's rule), so the build version is the one the chart rendered.
+            build_version: self.chart_version(),
             actions_call_timeout: Duration::from_secs(10),
             resync_interval: Duration::from_secs(5),
             error_backoff_min: Duration::from_millis(200),
@@ -193,6 +195,16 @@ impl World {
         options.scale_down.ready_grace_period = Duration::ZERO;
         (self.tune)(&mut options);
         options
+    }
+
+    /// The `app.kubernetes.io/version` the chart put on the AutoscalingRunnerSet.
+    pub fn chart_version(&self) -> String {
+        self.rendered
+            .iter()
+            .find(|o| o["kind"] == "AutoscalingRunnerSet")
+            .and_then(|o| o["metadata"]["labels"]["app.kubernetes.io/version"].as_str())
+            .unwrap_or(env!("CARGO_PKG_VERSION"))
+            .to_owned()
     }
 
     /// Starts the manager in-process (a no-op when it runs).
@@ -331,8 +343,54 @@ impl World {
             .map_err(|snapshot| Error::Timeout {
                 what: "a listener session for the scale set".to_owned(),
                 timeout,
-                detail: format!("{:?}", snapshot.scale_sets),
-            })
+                detail: format!("fake scale sets {:?}", snapshot.scale_sets),
+            })?;
+        Ok(())
+    }
+
+    /// What the scale set looks like now, for failure messages: the AutoscalingRunnerSet's status, listeners and
+    /// their pods, the executor's errors and the end of each listener's log.
+    pub async fn diagnostics(&self) -> String {
+        let mut out = String::new();
+        match self.runner_set().await {
+            Ok(Some(ars)) => out.push_str(&format!(
+                "AutoscalingRunnerSet status: {}\n",
+                serde_json::to_string(&ars.status).unwrap_or_default()
+            )),
+            Ok(None) => out.push_str("no AutoscalingRunnerSet\n"),
+            Err(e) => out.push_str(&format!("reading the AutoscalingRunnerSet: {e}\n")),
+        }
+        if let Ok(listeners) = self.listeners().await {
+            out.push_str(&format!(
+                "listeners: {:?}\n",
+                listeners
+                    .iter()
+                    .map(ResourceExt::name_any)
+                    .collect::<Vec<_>>()
+            ));
+        }
+        if let Ok(pods) = self.listener_pods().await {
+            for pod in pods {
+                let name = pod.name_any();
+                let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
+                out.push_str(&format!("listener pod {name}: {phase}\n"));
+                if let Some(log) = self.listener_log(&name) {
+                    let tail: String = log
+                        .lines()
+                        .rev()
+                        .take(15)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    out.push_str(&format!("  log tail:\n{tail}\n"));
+                }
+            }
+        }
+        out.push_str(&format!("executor errors: {:?}\n", self.executor_errors()));
+        out.push_str(&format!("simulator: {:?}\n", self.simulator.stats()));
+        out
     }
 
     /// Enqueues `count` jobs for the scale set; returns their request ids.
@@ -605,6 +663,28 @@ impl World {
         }
         stopped
     }
+}
+
+/// The listener binary. `workspace_binary` builds the whole workspace, tests included, and may name the test
+/// build of the `listener` binary (`deps/listener-HASH`, a libtest harness that exits 0 at once); the real binary
+/// is then the uplifted one beside `deps/`.
+fn listener_binary() -> Result<std::path::PathBuf> {
+    let path = test_harness::workspace_binary("listener", "listener")?;
+    if path.file_name().is_some_and(|name| name == "listener") {
+        return Ok(path);
+    }
+    let uplifted = path
+        .parent()
+        .filter(|dir| dir.file_name().is_some_and(|name| name == "deps"))
+        .and_then(Path::parent)
+        .map(|dir| dir.join("listener"))
+        .filter(|candidate| candidate.is_file());
+    uplifted.ok_or_else(|| {
+        Error::ControlPlane(format!(
+            "the listener binary: workspace_binary returned {}, which is not the listener",
+            path.display()
+        ))
+    })
 }
 
 /// How many of `ids` have completed.
