@@ -270,6 +270,15 @@ pub enum Error {
         source: actions_client::Error,
     },
 
+    /// An AutoscalingRunnerSet's spec contradicts itself (beyond what the CRD schema can check).
+    #[error("invalid AutoscalingRunnerSet {name}: {reason}")]
+    InvalidRunnerSetSpec {
+        /// AutoscalingRunnerSet name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// The listener of an AutoscalingListener cannot be configured from its spec.
     #[error("configure listener {listener}: {reason}")]
     InvalidListenerConfig {
@@ -358,6 +367,7 @@ impl Error {
             Self::BuildKubeClient(_) => "build_kube_client",
             Self::Serve { .. } => "serve",
             Self::LeaderElection { .. } => "leader_election",
+            Self::InvalidRunnerSetSpec { .. } => "invalid_runner_set_spec",
         }
     }
 
@@ -379,7 +389,8 @@ impl Error {
             | Self::ReadTlsCertificate { .. }
             | Self::BuildActionsClient { .. }
             | Self::ProxyUrl { .. }
-            | Self::InvalidListenerConfig { .. } => true,
+            | Self::InvalidListenerConfig { .. }
+            | Self::InvalidRunnerSetSpec { .. } => true,
             Self::GetRunnerGroup { source, .. }
             | Self::GetScaleSet { source, .. }
             | Self::CreateScaleSet { source, .. }

@@ -402,7 +402,6 @@ async fn a_ca_that_is_not_pem() {
 /// The listener controller refuses the listener config (`InvalidListenerConfig`), so this must reach the set;
 /// the reason word is not fixed yet, the message must name the fields.
 #[tokio::test]
-#[ignore = "bug: min > max is only an error in the listener controller; the set says ListenerStarting forever, see report"]
 async fn min_runners_above_max_runners() {
     let (_env, manager, _) = case(
         "min-max",

@@ -63,6 +63,7 @@ pub fn scale_set_reason(error: &Error) -> &'static str {
         }
         Error::ReadCredentials { .. } => "CredentialsInvalid",
         Error::UnsupportedVault { .. } => "VaultUnsupported",
+        Error::InvalidRunnerSetSpec { .. } => "SpecInvalid",
         Error::ReadProxyCredentials { .. } | Error::ProxyUrl { .. } => "ProxyInvalid",
         Error::ReadTlsCertificate { .. } => "TlsCertificateInvalid",
         // Name the part of the configuration that is wrong, so the user knows where to look.

@@ -97,6 +97,18 @@ pub async fn reconcile(
         return step.pause_outdated().await;
     }
 
+    // Checked before anything is created in GitHub: a set that can never run must say so on itself, not only
+    // fail later in the listener controller.
+    if let Err(reason) = check_runner_bounds(&runner_set.spec) {
+        let error = Error::InvalidRunnerSetSpec {
+            name: runner_set.name_any(),
+            reason,
+        };
+        let finding = Finding::new(conditions::scale_set_reason(&error), error.to_string());
+        step.write_status(Err(finding), None, None).await?;
+        return Err(error);
+    }
+
     let scale_set = step.ensure_scale_set().await;
     let (scale_set_id, converged) = match scale_set {
         Ok(ScaleSetStep::Ready(id)) => (id, step.converge_children(id).await),
@@ -128,6 +140,19 @@ pub async fn reconcile(
             Err(error)
         }
     }
+}
+
+/// `minRunners` may not exceed `maxRunners` (the CRD schema checks each against 0 only).
+pub fn check_runner_bounds(
+    spec: &crds::AutoscalingRunnerSetSpec,
+) -> std::result::Result<(), String> {
+    let (min, max) = (spec.effective_min_runners(), spec.effective_max_runners());
+    if min > max {
+        return Err(format!(
+            "minRunners ({min}) is greater than maxRunners ({max})"
+        ));
+    }
+    Ok(())
 }
 
 /// Outcome of the scale-set step.
@@ -1044,6 +1069,30 @@ pub fn listener_state(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runner_bounds_must_be_ordered() {
+        let mut spec = crds::AutoscalingRunnerSetSpec::default();
+        assert!(
+            check_runner_bounds(&spec).is_ok(),
+            "no bounds: 0..=i32::MAX"
+        );
+        spec.min_runners = Some(3);
+        spec.max_runners = Some(3);
+        assert!(check_runner_bounds(&spec).is_ok());
+        spec.min_runners = Some(5);
+        spec.max_runners = Some(2);
+        let reason = check_runner_bounds(&spec).unwrap_err();
+        assert!(
+            reason.contains("minRunners (5)") && reason.contains("maxRunners (2)"),
+            "{reason}"
+        );
+        spec.max_runners = None;
+        assert!(
+            check_runner_bounds(&spec).is_ok(),
+            "absent max is unbounded"
+        );
+    }
     use crate::autoscaling_listener::ListenerHealth;
     use serde_json::json;
 
