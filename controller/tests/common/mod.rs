@@ -250,22 +250,12 @@ impl Env {
     }
 
     /// Waits until `check` returns `Some`, polling.
-    pub async fn eventually<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    pub async fn eventually<T, F, Fut>(&self, what: &str, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        test_harness::eventually(what, WAIT, check).await
     }
 
     /// The stand-in kubelet: the runner container runs and the pod is Ready.

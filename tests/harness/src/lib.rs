@@ -190,6 +190,28 @@ fn namespace_name(prefix: &str, pid: u32, n: u32) -> String {
     format!("{base}{suffix}")
 }
 
+/// Polls `check` until it returns `Some`, and returns that value; panics naming `what` after `timeout`.
+///
+/// The one waiting loop of the integration tests: the control plane has no kubelet and controllers converge
+/// asynchronously, so tests wait for observable state instead of sleeping.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

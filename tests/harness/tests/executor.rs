@@ -85,15 +85,7 @@ async fn create_listener_pod(ctx: &TestContext, name: &str, exit_with: Option<&s
         .expect("create pod");
 }
 
-async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..300 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
+const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn runs_listener_pods_and_mirrors_them_in_pod_status() {
@@ -109,12 +101,12 @@ async fn runs_listener_pods_and_mirrors_them_in_pod_status() {
     let pods: Api<Pod> = ctx.api();
 
     create_listener_pod(&ctx, "runs", None).await;
-    wait_for("the pod to be Running", async || {
+    test_harness::eventually("the pod to be Running", WAIT, || async {
         let pod = pods.get("runs").await.ok()?;
         (pod.status?.phase.as_deref() == Some("Running")).then_some(())
     })
     .await;
-    let log = wait_for("the process output", async || {
+    let log = test_harness::eventually("the process output", WAIT, || async {
         executor
             .log(&ctx.namespace, "runs")
             .filter(|l| l.contains("kubeconfig-has-token"))
@@ -139,13 +131,13 @@ async fn runs_listener_pods_and_mirrors_them_in_pod_status() {
     pods.delete("runs", &DeleteParams::default())
         .await
         .expect("delete pod");
-    wait_for("the process to stop", async || {
+    test_harness::eventually("the process to stop", WAIT, || async {
         executor.running().is_empty().then_some(())
     })
     .await;
 
     create_listener_pod(&ctx, "fails", Some("3")).await;
-    let code = wait_for("the pod to fail", async || {
+    let code = test_harness::eventually("the pod to fail", WAIT, || async {
         let status = pods.get("fails").await.ok()?.status?;
         if status.phase.as_deref() != Some("Failed") {
             return None;
