@@ -7,8 +7,10 @@
 use std::time::Duration;
 
 use e2e::checks;
-use e2e::simulator::SimulatorConfig;
+use e2e::simulator::{PodStage, SimulatorConfig};
 use e2e::world::{World, WorldConfig};
+use fake_actions_service::{ErrorFault, Faults, JobState, LatencyFault};
+use serde_json::json;
 
 /// Jobs in the burst suite. 200 fits the CI budget on two cores; `E2E_BURST_JOBS` overrides it.
 const BURST_JOBS: u32 = 200;
@@ -55,5 +57,298 @@ async fn a_burst_of_jobs_completes_and_the_set_returns_to_min_runners() {
     .await;
     let jobs = burst_jobs();
     world.enqueue(jobs).expect("enqueue");
+    verify(world, 0, &[]).await;
+}
+
+/// Waits until at least `n` of the world's jobs run.
+async fn wait_running(world: &World, n: usize) {
+    let result = world
+        .eventually(&format!("{n} running jobs"), WAIT, || async {
+            let o = world.observe().await?;
+            Ok((o.jobs_running >= n, format!("{o:?}")))
+        })
+        .await;
+    if let Err(error) = result {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn min_runners_keep_an_idle_pool() {
+    let world = world(
+        "e2e-min",
+        WorldConfig {
+            values: json!({"minRunners": 2}),
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    if let Err(error) = world.wait_idle(2, WAIT).await {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    world.enqueue(5).expect("enqueue");
+    verify(world, 2, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_runners_caps_the_set() {
+    let world = world(
+        "e2e-max",
+        WorldConfig {
+            values: json!({"maxRunners": 3}),
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_millis(1500),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    let ids = world.enqueue(12).expect("enqueue");
+    let mut peak_desired = 0;
+    let mut peak_running = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let o = world.observe().await.expect("observe");
+        peak_desired = peak_desired.max(o.desired_replicas);
+        peak_running = peak_running.max(o.jobs_running);
+        let live_runners: usize = o.runners.values().sum();
+        assert!(
+            o.desired_replicas <= 3,
+            "desired replicas above maxRunners: {o:?}"
+        );
+        assert!(
+            o.jobs_running <= 3,
+            "more jobs running than maxRunners: {o:?}"
+        );
+        assert!(
+            o.registered_runners <= 3,
+            "more runners registered than maxRunners: {o:?}"
+        );
+        assert!(
+            live_runners <= 3 + o.runners.get("Succeeded").copied().unwrap_or(0),
+            "{o:?}"
+        );
+        if o.jobs_done == ids.len() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {o:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(peak_desired, 3, "the cap was reached");
+    assert!(peak_running >= 2, "jobs ran in parallel: {peak_running}");
+    verify(world, 0, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelled_jobs_complete_as_cancelled_and_free_their_runners() {
+    let world = world(
+        "e2e-cancel",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(5),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    let ids = world.enqueue(4).expect("enqueue");
+    wait_running(&world, 2).await;
+    // One running job, and two jobs the moment they are enqueued (available, not yet acquired or assigned).
+    let running = world
+        .fake
+        .state()
+        .snapshot()
+        .jobs
+        .into_iter()
+        .find(|j| ids.contains(&j.request_id) && j.state == JobState::Running)
+        .expect("a running job")
+        .request_id;
+    let fresh = world.enqueue(2).expect("enqueue more");
+    let mut cancelled = vec![running];
+    cancelled.extend(&fresh);
+    for id in &cancelled {
+        world.fake.state().cancel_job(*id).expect("cancel");
+    }
+    verify(world, 0, &cancelled).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_start_failures_are_retried_until_every_job_runs() {
+    let world = world(
+        "e2e-start-fail",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                start_failure_rate: 0.3,
+                job_duration: Duration::from_millis(500),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    world.enqueue(15).expect("enqueue");
+    let ids = world.enqueued();
+    if let Err(error) = world.wait_jobs_completed(&ids, WAIT).await {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    let failed = world.simulator.stats().in_stage(PodStage::FailedToStart);
+    assert!(
+        failed >= 1,
+        "some pods failed to start: {:?}",
+        world.simulator.stats()
+    );
+    verify(world, 0, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_the_scale_set_mid_flight_loses_no_job() {
+    let world = world(
+        "e2e-delete",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(3),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    world.enqueue(8).expect("enqueue");
+    wait_running(&world, 2).await;
+    // Uninstall while jobs run: running jobs finish on their runners, the others wait in the service.
+    if let Err(error) = checks::uninstall_leaves_nothing(&world, WAIT).await {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    let snapshot = world.fake.state().snapshot();
+    let ids = world.enqueued();
+    for job in snapshot.jobs.iter().filter(|j| ids.contains(&j.request_id)) {
+        assert!(
+            matches!(job.state, JobState::Completed | JobState::Queued),
+            "after the uninstall every job completed or waits for a scale set: {job:?}"
+        );
+        assert!(job.times_started <= 1, "{job:?}");
+    }
+    // Installing again adopts the waiting jobs (jobs follow the scale set's name).
+    world.install().await.expect("install again");
+    world.wait_listening(WAIT).await.expect("listening again");
+    verify(world, 0, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_manager_killed_mid_flight_and_restarted_loses_no_job() {
+    let world = world(
+        "e2e-restart",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(3),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    world.enqueue(20).expect("enqueue");
+    wait_running(&world, 4).await;
+    world.stop_manager(true).await.expect("kill the manager");
+    // Jobs keep arriving and finishing while no controller runs.
+    world.enqueue(5).expect("enqueue while down");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    world.start_manager();
+    world.enqueue(5).expect("enqueue after the restart");
+    verify(world, 0, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_listener_is_replaced_and_loses_no_job() {
+    let world = world(
+        "e2e-listener-kill",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(2),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    world.enqueue(10).expect("enqueue");
+    wait_running(&world, 2).await;
+    let killed = match world.kill_listener().await {
+        Ok(pod) => pod,
+        Err(error) => panic!("{error}\n{}", world.diagnostics().await),
+    };
+    world.enqueue(10).expect("enqueue after the kill");
+    // A new listener process runs (its session waits for the killed one's to expire in the fake).
+    let result = world
+        .eventually("a replacement listener", WAIT, || async {
+            let running = world.running_listeners();
+            Ok((
+                !running.is_empty(),
+                format!("killed {killed}; running {running:?}"),
+            ))
+        })
+        .await;
+    if let Err(error) = result {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    verify(world, 0, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn injected_service_faults_lose_no_job() {
+    let world = world(
+        "e2e-faults",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_millis(500),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    let fault = |endpoint: &str, status: u16, rate: f64| ErrorFault {
+        endpoint: Some(endpoint.to_owned()),
+        status,
+        rate,
+        count: None,
+        retry_after_secs: None,
+    };
+    world
+        .fake
+        .state()
+        .set_faults(Faults {
+            seed: 7,
+            errors: vec![
+                // The first three registrations fail for sure, so the test knows faults were met.
+                ErrorFault {
+                    count: Some(3),
+                    ..fault("generate_jit_config", 500, 1.0)
+                },
+                fault("get_message", 503, 0.1),
+                fault("acquire_jobs", 500, 0.2),
+                fault("generate_jit_config", 500, 0.2),
+                fault("get_runner_by_id", 500, 0.1),
+                fault("remove_runner", 503, 0.2),
+            ],
+            latency: vec![LatencyFault {
+                endpoint: Some("actions".to_owned()),
+                millis: 50,
+            }],
+        })
+        .expect("faults");
+    world.enqueue(15).expect("enqueue");
+    let ids = world.enqueued();
+    if let Err(error) = world.wait_jobs_completed(&ids, WAIT).await {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    let rules = world.fake.state().faults();
+    assert_eq!(
+        rules.errors[0].count,
+        Some(0),
+        "the certain faults fired: {rules:?}"
+    );
     verify(world, 0, &[]).await;
 }
