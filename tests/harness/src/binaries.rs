@@ -46,8 +46,14 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .filter(|msg| {
+            // `--tests` also builds each binary's unit-test harness under the same target name; only the real
+            // binary will do.
             msg["reason"] == "compiler-artifact"
                 && msg["target"]["name"] == bin
+                && msg["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|kinds| kinds.iter().any(|k| k == "bin"))
+                && msg["profile"]["test"] == false
                 && msg["package_id"]
                     .as_str()
                     .is_some_and(|id| id.contains(package))

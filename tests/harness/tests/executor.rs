@@ -160,6 +160,16 @@ fn workspace_binaries_are_built_on_demand() {
     let path = test_harness::workspace_binary("fake-actions-service", "fake-actions-service")
         .expect("build the fake's binary");
     assert!(path.is_file(), "{}", path.display());
+    // The binary itself, not its unit-test harness (which `--tests` builds under the same name in deps/).
+    let help = std::process::Command::new(&path)
+        .arg("--help")
+        .output()
+        .expect("run the binary");
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--addr"),
+        "not the fake's CLI: {}",
+        path.display()
+    );
     let err = test_harness::workspace_binary("fake-actions-service", "no-such-binary").unwrap_err();
     assert!(err.to_string().contains("no-such-binary"), "{err}");
 }
