@@ -522,11 +522,15 @@ impl World {
             .map(|set| set.spec.replicas)
             .sum();
         for er in self.ephemeral_runners().await? {
-            let phase = er
-                .status
-                .map(|s| s.phase)
-                .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| "New".to_owned());
+            // A runner on its way out (job done, deregistering) is no capacity any more, whatever its phase says.
+            let phase = if er.metadata.deletion_timestamp.is_some() {
+                "Deleting".to_owned()
+            } else {
+                er.status
+                    .map(|s| s.phase)
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or_else(|| "New".to_owned())
+            };
             *observation.runners.entry(phase).or_default() += 1;
         }
         for pod in self.runner_pods().await? {
