@@ -359,6 +359,12 @@ impl ActionsClient {
         })
     }
 
+    /// A 200 whose JSON body decodes as `T`; any other status is the service's error.
+    fn ok_json<T: serde::de::DeserializeOwned>(response: &Response) -> Result<T> {
+        Self::expect(response, StatusCode::OK)?;
+        response.decode()
+    }
+
     fn expect(response: &Response, status: StatusCode) -> Result<()> {
         if response.status == status {
             Ok(())
@@ -419,8 +425,7 @@ impl ActionsClient {
         let response = self
             .service(op, Method::GET, &path, &[], None, None)
             .await?;
-        Self::expect(&response, StatusCode::OK)?;
-        response.decode()
+        Self::ok_json(&response)
     }
 
     /// §5.3: creates a scale set. Without labels, the name becomes the only label; empty label types become
@@ -451,8 +456,7 @@ impl ActionsClient {
                 None,
             )
             .await?;
-        Self::expect(&response, StatusCode::OK)?;
-        response.decode()
+        Self::ok_json(&response)
     }
 
     /// §5.4: partial update of scale set `id` (set only the fields to change); returns the updated set.
@@ -475,8 +479,7 @@ impl ActionsClient {
                 None,
             )
             .await?;
-        Self::expect(&response, StatusCode::OK)?;
-        response.decode()
+        Self::ok_json(&response)
     }
 
     /// §5.5: deletes scale set `id` (exactly 204).
@@ -530,8 +533,7 @@ impl ActionsClient {
                 None,
             )
             .await?;
-        Self::expect(&response, StatusCode::OK)?;
-        response.decode()
+        Self::ok_json(&response)
     }
 
     /// §5.8: the runner with `runner_id`. Unknown runners are [`ErrorKind::RunnerNotFound`].
@@ -541,8 +543,7 @@ impl ActionsClient {
         let response = self
             .service(op, Method::GET, &path, &[], None, None)
             .await?;
-        Self::expect(&response, StatusCode::OK)?;
-        response.decode()
+        Self::ok_json(&response)
     }
 
     /// §5.9: the runner named `name`, or `None`.
@@ -596,8 +597,7 @@ impl ActionsClient {
                 None,
             )
             .await?;
-        Self::expect(&response, StatusCode::OK)?;
-        response.decode()
+        Self::ok_json(&response)
     }
 
     /// §5.12: refreshes a session, returning it with a new message-queue token. A session the service dropped
@@ -612,8 +612,7 @@ impl ActionsClient {
         let response = self
             .service(op, Method::PATCH, &path, &[], None, None)
             .await?;
-        Self::expect(&response, StatusCode::OK)?;
-        response.decode()
+        Self::ok_json(&response)
     }
 
     /// §5.13: deletes a session (exactly 204).
