@@ -359,8 +359,9 @@ impl Config {
         };
         let object = normalize_keys(object);
         let credential_keys_present = CREDENTIAL_KEYS.iter().any(|k| object.contains_key(*k));
-        let mut config: Self = serde_json::from_value(Value::Object(object))
-            .map_err(|e| Error::DecodeConfig(e.to_string()))?;
+        let object = Value::Object(object);
+        let mut config = Self::deserialize(&object)
+            .map_err(|e| Error::DecodeConfig(locate_decode_error(&object, &e)))?;
         config.credential_keys_present = credential_keys_present;
         Ok(config)
     }
@@ -551,6 +552,114 @@ impl Config {
             return Err(invalid(ConfigProblem::MetricsEndpointIsHealthPath));
         }
         crate::metrics::check_selection(self.metrics.as_ref()).map_err(invalid)
+    }
+}
+
+/// Keys whose values are never repeated in an error message.
+const SECRET_KEYS: [&str; 2] = ["github_token", "github_app_private_key"];
+
+/// One step from a JSON value to one of its children.
+#[derive(Clone, Debug)]
+enum PathStep<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// Says which value of the (normalized) config object `error` is about, as Go's decoder does ("cannot unmarshal
+/// string into Go struct field Config.max_runners"); serde's own message names the types only.
+///
+/// Decoding through a `Value` loses serde's position, so the value is found by decoding each child of the
+/// failing object or list on its own, inside an otherwise empty document: every struct of the config fills in
+/// missing keys, and maps and lists take any subset, so a child decodes alone exactly when it is well typed.
+/// The search descends to the deepest value that still fails and reports its path with that value's error. The
+/// values of secret keys are described by their JSON type only, so a misplaced token is not printed.
+fn locate_decode_error(root: &Value, error: &serde_json::Error) -> String {
+    /// `leaf` at `path` inside otherwise empty objects and single-item lists, decoded as a config.
+    fn probe(path: &[PathStep<'_>], leaf: Value) -> Option<String> {
+        let mut document = leaf;
+        for step in path.iter().rev() {
+            document = match step {
+                PathStep::Key(key) => {
+                    Value::Object(Map::from_iter([((*key).to_owned(), document)]))
+                }
+                PathStep::Index(_) => Value::Array(vec![document]),
+            };
+        }
+        Config::deserialize(&document).err().map(|e| e.to_string())
+    }
+    let mut path: Vec<PathStep<'_>> = Vec::new();
+    let mut message = error.to_string();
+    let mut current = root;
+    loop {
+        let (empty, children): (Value, Vec<(PathStep<'_>, &Value)>) = match current {
+            Value::Object(map) => (
+                Value::Object(Map::new()),
+                map.iter().map(|(k, v)| (PathStep::Key(k), v)).collect(),
+            ),
+            Value::Array(items) => (
+                Value::Array(Vec::new()),
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (PathStep::Index(i), v))
+                    .collect(),
+            ),
+            _ => break,
+        };
+        // An object or list where something else belongs: the problem is here, not in a child.
+        if !path.is_empty() && probe(&path, empty).is_some() {
+            break;
+        }
+        let failing = children.into_iter().find_map(|(step, child)| {
+            path.push(step.clone());
+            let failed = probe(&path, child.clone());
+            path.pop();
+            failed.map(|child_message| (step, child, child_message))
+        });
+        let Some((step, child, child_message)) = failing else {
+            break;
+        };
+        path.push(step);
+        current = child;
+        message = child_message;
+    }
+    if let Some(PathStep::Key(top)) = path.first()
+        && SECRET_KEYS.contains(top)
+    {
+        message = format!("invalid type: {}, expected a string", json_kind(current));
+    }
+    let mut location = String::new();
+    for step in &path {
+        match step {
+            PathStep::Key(key) if location.is_empty() => location.push_str(key),
+            PathStep::Key(key) => {
+                location.push('.');
+                location.push_str(key);
+            }
+            PathStep::Index(index) => {
+                location.push('[');
+                location.push_str(&index.to_string());
+                location.push(']');
+            }
+        }
+    }
+    if location.is_empty() {
+        message
+    } else {
+        format!("{location}: {message}")
+    }
+}
+
+/// The JSON type of `value` in serde's words.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "floating point",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "sequence",
+        Value::Object(_) => "map",
     }
 }
 

@@ -162,11 +162,28 @@ fn a_config_that_is_not_an_object() {
 /// Go's decoder names the field ("cannot unmarshal string into Go struct field Config.max_runners"); without it
 /// the user has to guess which of the numbers is wrong.
 #[test]
-#[ignore = "bug: a wrongly typed value is reported without its key (listener/src/config.rs decode), see report"]
 fn a_string_where_a_number_belongs() {
     assert_config_fails(
         with(json!({"max_runners": "5"})),
         "listener: decoding the config file failed: max_runners: invalid type: string \"5\", expected i64",
+    );
+}
+
+/// A token of the wrong type is named but not printed.
+#[test]
+fn a_token_that_is_not_a_string() {
+    assert_config_fails(
+        with(json!({"github_token": 4_815_162_342_u64})),
+        "listener: decoding the config file failed: github_token: invalid type: integer, expected a string",
+    );
+}
+
+#[test]
+fn a_wrongly_typed_nested_value() {
+    assert_config_fails(
+        with(json!({"metrics": {"counters": {"gha_started_jobs_total": {"labels": "name"}}}})),
+        "listener: decoding the config file failed: metrics.counters.gha_started_jobs_total.labels: invalid \
+         type: string \"name\", expected a sequence",
     );
 }
 

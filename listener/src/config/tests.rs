@@ -123,6 +123,82 @@ fn decoding_errors() {
     ));
 }
 
+/// The decoding error of `value`, as the binary prints it after "listener: ".
+fn decode_message(value: &Value) -> String {
+    match Config::decode(value.to_string().as_bytes()) {
+        Err(error @ Error::DecodeConfig(_)) => error.to_string(),
+        other => panic!("expected a decoding error for {value}, got {other:?}"),
+    }
+}
+
+#[test]
+fn decoding_errors_name_the_key() {
+    let cases = [
+        (
+            with(json!({"max_runners": "10"})),
+            "max_runners: invalid type: string \"10\", expected i64",
+        ),
+        (
+            with(json!({"runner_scale_set_id": 1.5})),
+            "runner_scale_set_id: invalid type: floating point `1.5`, expected i64",
+        ),
+        (
+            with(json!({"log_level": ["debug"]})),
+            "log_level: invalid type: sequence, expected a string",
+        ),
+        // Keys matched case-insensitively are reported under their canonical name.
+        (
+            {
+                let mut value = without(&["min_runners"]);
+                value["MIN_RUNNERS"] = json!(true);
+                value
+            },
+            "min_runners: invalid type: boolean `true`, expected i64",
+        ),
+        // Nested values: the deepest wrongly typed one, with its path.
+        (
+            with(json!({"azure_key_vault": {"url": "https://vault", "proxy": {"cgi": "yes"}}})),
+            "azure_key_vault.proxy.cgi: invalid type: string \"yes\", expected a boolean",
+        ),
+        (
+            with(
+                json!({"metrics": {"histograms": {"gha_job_startup_duration_seconds": {
+                "labels": ["name"], "buckets": [0.5, 1, "2"]}}}}),
+            ),
+            "metrics.histograms.gha_job_startup_duration_seconds.buckets[2]: invalid type: string \"2\", \
+             expected f64",
+        ),
+        (
+            with(json!({"metrics": {"counters": []}})),
+            "metrics.counters: invalid type: sequence, expected a map",
+        ),
+    ];
+    for (value, expected) in cases {
+        assert_eq!(
+            decode_message(&value),
+            format!("decoding the config file failed: {expected}")
+        );
+    }
+}
+
+#[test]
+fn decoding_errors_never_repeat_a_secret() {
+    for (key, value, kind) in [
+        ("github_token", json!(4_815_162_342_u64), "integer"),
+        ("github_token", json!(true), "boolean"),
+        ("github_app_private_key", json!(12.5), "floating point"),
+        ("github_app_private_key", json!(["-----BEGIN"]), "sequence"),
+    ] {
+        let message = decode_message(&with(json!({ key: value })));
+        assert_eq!(
+            message,
+            format!(
+                "decoding the config file failed: {key}: invalid type: {kind}, expected a string"
+            )
+        );
+    }
+}
+
 #[test]
 fn every_problem_and_its_message() {
     let cases: Vec<(Value, ConfigProblem, &str)> = vec![
