@@ -4,6 +4,11 @@
 //! Beyond ARC: a template field that is unset keeps the controller's default (ARC replaces, for example,
 //! `terminationGracePeriodSeconds` even when the template leaves it unset, so any template, such as the chart's
 //! liveness probe, silently drops the 60 s grace period and the `linux` node selector).
+//!
+//! Also beyond ARC: the listener container runs hardened by default ([`listener_security_context`]: non-root,
+//! read-only root filesystem, no privilege escalation, no capabilities, the runtime's seccomp profile). A
+//! `securityContext` in the template, on the pod or on the `listener` container, replaces that default as a
+//! whole, so configurations written for ARC keep exactly the settings they chose.
 
 use std::collections::BTreeMap;
 
@@ -36,6 +41,24 @@ pub const CONFIG_MOUNT_PATH: &str = "/etc/gha-listener";
 pub const CONFIG_PATH_ENV: &str = "LISTENER_CONFIG_PATH";
 /// Grace period of the listener pod: time to delete its message session on shutdown.
 pub const TERMINATION_GRACE_PERIOD_SECONDS: i64 = 60;
+/// User and group the listener runs as by default: the image's own numeric `USER` (distroless `nonroot`,
+/// see the Dockerfile), so the kubelet can check `runAsNonRoot` without reading `/etc/passwd`.
+pub const LISTENER_UID: i64 = 65532;
+
+/// The listener container's default `securityContext`. The listener only reads its config Secret and talks to
+/// the network, so it needs no writable path, no capability and no privilege; this passes the `restricted`
+/// Pod Security Standard. Set at container level so the user's sidecars are not constrained by it.
+pub fn listener_security_context() -> Value {
+    json!({
+        "runAsNonRoot": true,
+        "runAsUser": LISTENER_UID,
+        "runAsGroup": LISTENER_UID,
+        "readOnlyRootFilesystem": true,
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    })
+}
 
 /// The controller-owned identity of a listener, shared by every object built here.
 #[derive(Debug, Clone)]
@@ -440,6 +463,7 @@ pub fn listener_pod(id: &ListenerIdentity<'_>, inputs: &PodInputs<'_>) -> Result
             }
         }
     }
+    harden_unless_configured(&mut spec);
     let spec: PodSpec = serde_json::from_value(spec).map_err(|source| Error::Serialize {
         what: "listener pod spec",
         source,
@@ -456,6 +480,25 @@ pub fn listener_pod(id: &ListenerIdentity<'_>, inputs: &PodInputs<'_>) -> Result
         spec: Some(spec),
         status: None,
     })
+}
+
+/// Gives the listener container [`listener_security_context`] unless the merged spec already has a security
+/// context for it: one on the listener container, or a pod-level one (whose `runAsUser` and the like a
+/// container-level default would otherwise silently override).
+fn harden_unless_configured(spec: &mut Value) {
+    let configured = |value: Option<&Value>| value.is_some_and(|v| !v.is_null());
+    if configured(spec.get("securityContext")) {
+        return;
+    }
+    let Some(listener) = spec["containers"]
+        .as_array_mut()
+        .and_then(|containers| containers.first_mut())
+    else {
+        return;
+    };
+    if !configured(listener.get("securityContext")) {
+        listener["securityContext"] = listener_security_context();
+    }
 }
 
 fn to_value<T: Serialize>(value: &T) -> Result<Value> {
@@ -842,5 +885,96 @@ mod tests {
             .collect();
         assert_eq!(env, ["LISTENER_CONFIG_PATH", "EXTRA"]);
         assert_eq!(spec.volumes.unwrap().len(), 2);
+    }
+
+    fn listener_container(listener: &AutoscalingListener) -> Value {
+        let pod = listener_pod(&identity(listener, &[]), &inputs()).unwrap();
+        serde_json::to_value(&pod.spec.unwrap().containers[0]).unwrap()
+    }
+
+    #[test]
+    fn the_listener_runs_hardened_by_default() {
+        let pod = listener_pod(&identity(&listener(), &[]), &inputs()).unwrap();
+        let spec = serde_json::to_value(pod.spec.unwrap()).unwrap();
+        assert_eq!(
+            spec["containers"][0]["securityContext"],
+            json!({
+                "runAsNonRoot": true,
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "readOnlyRootFilesystem": true,
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            })
+        );
+        // Container level only: nothing is imposed on sidecars through the pod.
+        assert_eq!(spec.get("securityContext"), None);
+        // A template that sets something else (the chart's liveness probe) keeps the default.
+        let mut with_probe = listener();
+        with_probe.spec.template = Some(
+            serde_json::from_value::<PodTemplateSpec>(json!({
+                "spec": {"containers": [
+                    {"name": "listener", "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}}},
+                    {"name": "sidecar", "image": "busybox"},
+                ]},
+            }))
+            .unwrap(),
+        );
+        let pod = listener_pod(&identity(&with_probe, &[]), &inputs()).unwrap();
+        let containers = pod.spec.unwrap().containers;
+        assert_eq!(
+            serde_json::to_value(&containers[0].security_context).unwrap(),
+            listener_security_context()
+        );
+        assert_eq!(containers[1].name, "sidecar");
+        assert!(
+            containers[1].security_context.is_none(),
+            "sidecars are left alone"
+        );
+    }
+
+    #[test]
+    fn a_listener_security_context_in_the_template_replaces_the_default() {
+        let mut custom = listener();
+        custom.spec.template = Some(
+            serde_json::from_value::<PodTemplateSpec>(json!({
+                "spec": {"containers": [{"name": "listener", "securityContext": {"runAsUser": 1000}}]},
+            }))
+            .unwrap(),
+        );
+        assert_eq!(
+            listener_container(&custom)["securityContext"],
+            json!({"runAsUser": 1000}),
+            "replaced as a whole, as ARC merges the listener container"
+        );
+        // An empty one is how a template opts out of the default entirely.
+        let mut empty = listener();
+        empty.spec.template = Some(
+            serde_json::from_value::<PodTemplateSpec>(json!({
+                "spec": {"containers": [{"name": "listener", "securityContext": {}}]},
+            }))
+            .unwrap(),
+        );
+        assert_eq!(listener_container(&empty)["securityContext"], json!({}));
+    }
+
+    #[test]
+    fn a_pod_security_context_in_the_template_replaces_the_default() {
+        let mut custom = listener();
+        custom.spec.template = Some(
+            serde_json::from_value::<PodTemplateSpec>(json!({
+                "spec": {"securityContext": {"runAsUser": 1000, "fsGroup": 1000}},
+            }))
+            .unwrap(),
+        );
+        let pod = listener_pod(&identity(&custom, &[]), &inputs()).unwrap();
+        let spec = pod.spec.unwrap();
+        assert_eq!(
+            serde_json::to_value(&spec.security_context).unwrap(),
+            json!({"runAsUser": 1000, "fsGroup": 1000})
+        );
+        // A container-level runAsUser would silently win over the user's pod-level one.
+        assert!(spec.containers[0].security_context.is_none());
     }
 }
