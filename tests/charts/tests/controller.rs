@@ -284,9 +284,9 @@ fn controller_deployment_defaults() {
         json!({"kubectl.kubernetes.io/default-container": "manager"})
     );
     let spec = &pod["spec"];
+    // securityContext is set by default (a deliberate difference from ARC): see tests/security.rs.
     for absent in [
         "imagePullSecrets",
-        "securityContext",
         "priorityClassName",
         "nodeSelector",
         "affinity",
@@ -312,13 +312,7 @@ fn controller_deployment_defaults() {
              "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ])
     );
-    for absent in [
-        "resources",
-        "securityContext",
-        "ports",
-        "livenessProbe",
-        "readinessProbe",
-    ] {
+    for absent in ["resources", "ports", "livenessProbe", "readinessProbe"] {
         assert!(c.get(absent).is_none(), "{absent} should be absent");
     }
     assert_eq!(

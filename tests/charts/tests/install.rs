@@ -5,13 +5,16 @@
 //! cluster, so a second controller release installed concurrently would make that discovery ambiguous.
 
 use std::path::Path;
+use std::time::Duration;
 
 use chart_tests::{Chart, run_helm};
 use crds::AutoscalingRunnerSet;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
 use test_harness::TestContext;
 
 fn install(kubeconfig: &Path, release: &str, chart: Chart, namespace: &str, sets: &[&str]) {
@@ -44,7 +47,18 @@ async fn both_charts_install_into_a_real_api_server() {
     let ctx = TestContext::new("helm-controller").await;
     let kubeconfig = ctx.control_plane.kubeconfig_path();
 
-    // The controller chart, with its CRDs: what `helm install arc charts/gha-runner-scale-set-controller` does.
+    // The controller chart, with its CRDs: what `helm install arc charts/gha-runner-scale-set-controller` does,
+    // into a namespace that enforces the `restricted` Pod Security Standard (docs/security.md).
+    Api::<Namespace>::all(ctx.client.clone())
+        .patch(
+            &ctx.namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+            }}})),
+        )
+        .await
+        .expect("label the controller namespace");
     install(kubeconfig, "arc", Chart::Controller, &ctx.namespace, &[]);
     let deployments: Api<Deployment> = ctx.api();
     let manager = deployments
@@ -60,6 +74,22 @@ async fn both_charts_install_into_a_real_api_server() {
         .get(&sa)
         .await
         .expect("the manager ServiceAccount exists");
+    // The ReplicaSet controller could create the manager pod: Pod Security admission let it in.
+    let pods: Api<Pod> = ctx.api();
+    test_harness::eventually(
+        "the manager pod, admitted under the restricted Pod Security Standard",
+        Duration::from_secs(60),
+        || async {
+            let listed = pods
+                .list(
+                    &ListParams::default().labels("app.kubernetes.io/component=controller-manager"),
+                )
+                .await
+                .expect("list pods");
+            (!listed.items.is_empty()).then_some(())
+        },
+    )
+    .await;
 
     // A default scale set, discovering the controller through the cluster.
     let runners = namespace(&ctx, "helm-runners").await;
