@@ -27,6 +27,7 @@ use actions_client::{
     ActionsClient, ClientOptions, Credentials, GitHubConfig, HttpOptions, MessageSessionClient,
     RunnerScaleSetMessage, Statistics,
 };
+use futures::{StreamExt, stream};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{self, Backoff};
@@ -35,6 +36,10 @@ use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::scaling::{Scaler, runner_job_status_patch, runner_set_patch};
 use crate::target::{RunnerPatched, RunnerSetTarget};
+
+/// EphemeralRunner status patches in flight at once for one message (the API server takes them in parallel; a
+/// batch of 50 one after the other would hold up the next poll).
+const RUNNER_PATCH_CONCURRENCY: usize = 16;
 
 /// Timings of the loop. The defaults are for production; tests shorten them.
 #[derive(Debug, Clone)]
@@ -296,9 +301,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             });
         }
         let acquire_error = self.acquire(&message).await.err();
-        // Once one status patch failed despite retries, the API server is unlikely to take the next ones either:
-        // try those once and queue them, so a message with many starts cannot stall the loop.
-        let mut retry_runner_patches = true;
+        let mut started = Vec::new();
         for job in message.started() {
             if let Some(m) = &self.metrics {
                 m.record_job_started(job);
@@ -315,7 +318,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 request_id = info.runner_request_id,
                 "job started"
             );
-            // Before the patch, so a failed patch still counts as an event.
+            // Before any patch, so a failed patch still counts as an event.
             self.scaler.mark_dirty();
             if job.runner_name.is_empty() {
                 tracing::warn!(
@@ -324,10 +327,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 );
                 continue;
             }
-            let patch = runner_job_status_patch(job);
-            retry_runner_patches &= self
-                .patch_runner(job.runner_name.clone(), patch, retry_runner_patches)
-                .await;
+            started.push((job.runner_name.clone(), runner_job_status_patch(job)));
         }
         for job in message.completed() {
             if let Some(m) = &self.metrics {
@@ -336,9 +336,54 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             tracing::info!(runner_name = %job.runner_name, result = %job.result, request_id = job.job.runner_request_id, "job completed");
             self.scaler.mark_dirty();
         }
-        let desired = self.scale(self.latest.total_assigned_jobs).await?;
+        // Scale before the runners' job fields are written (ARC writes them first): the statistics describe the
+        // moment the message was fetched, and every second spent on status patches lets more of the jobs they
+        // count finish, so the ERS would create runners for jobs that are already done. A batch with JobStarted
+        // is eventful, so this patch can only scale up: busy runners are never at risk before their patch lands.
+        let scaled = self.scale(self.latest.total_assigned_jobs).await;
+        self.patch_started_runners(started).await;
+        let desired = scaled?;
         self.record_desired(desired);
         acquire_error.map_or(Ok(()), Err)
+    }
+
+    /// Writes the job fields of the runners that started jobs, [`RUNNER_PATCH_CONCURRENCY`] at a time (a batch
+    /// may hold 50 starts). Transient failures are retried in place; what still fails is queued for later.
+    async fn patch_started_runners(&mut self, started: Vec<(String, serde_json::Value)>) {
+        let settings = &self.settings;
+        let target = &self.target;
+        let results: Vec<(String, serde_json::Value, Result<RunnerPatched>)> =
+            stream::iter(started)
+                .map(|(runner, patch)| async move {
+                    let result =
+                        retry_transient(settings, "patch the EphemeralRunner status", || {
+                            target.patch_runner_status(&runner, &patch)
+                        })
+                        .await;
+                    (runner, patch, result)
+                })
+                .buffer_unordered(RUNNER_PATCH_CONCURRENCY)
+                .collect()
+                .await;
+        for (runner, patch, result) in results {
+            match result {
+                Ok(RunnerPatched::Patched) => {
+                    tracing::info!(runner = %runner, "EphemeralRunner status updated")
+                }
+                Ok(RunnerPatched::NotFound) => {
+                    tracing::info!(runner = %runner, "EphemeralRunner not found; skipping its status update");
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), runner = %runner, "EphemeralRunner status update failed; will retry");
+                    self.record_error(&error);
+                    self.pending_runner_patches.push(PendingRunnerPatch {
+                        runner,
+                        patch,
+                        attempts: 1,
+                    });
+                }
+            }
+        }
     }
 
     async fn acquire(&self, message: &RunnerScaleSetMessage) -> Result<()> {
@@ -363,43 +408,6 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         })?;
         tracing::info!(count = acquired.len(), "acquired jobs");
         Ok(())
-    }
-
-    /// Patches a runner's job fields (retrying transient failures in place when `retry`); a failure is queued
-    /// for later instead of holding up scaling. Returns whether the patch went through.
-    async fn patch_runner(
-        &mut self,
-        runner: String,
-        patch: serde_json::Value,
-        retry: bool,
-    ) -> bool {
-        let result = if retry {
-            retry_transient(&self.settings, "patch the EphemeralRunner status", || {
-                self.target.patch_runner_status(&runner, &patch)
-            })
-            .await
-        } else {
-            self.target.patch_runner_status(&runner, &patch).await
-        };
-        let patched = result.is_ok();
-        match result {
-            Ok(RunnerPatched::Patched) => {
-                tracing::info!(runner = %runner, "EphemeralRunner status updated")
-            }
-            Ok(RunnerPatched::NotFound) => {
-                tracing::info!(runner = %runner, "EphemeralRunner not found; skipping its status update");
-            }
-            Err(error) => {
-                tracing::warn!(error = %error_chain(&error), runner = %runner, "EphemeralRunner status update failed; will retry");
-                self.record_error(&error);
-                self.pending_runner_patches.push(PendingRunnerPatch {
-                    runner,
-                    patch,
-                    attempts: 1,
-                });
-            }
-        }
-        patched
     }
 
     async fn flush_runner_patches(&mut self) {

@@ -214,6 +214,47 @@ async fn max_runners_caps_and_zero_min_sends_null_replicas() {
 }
 
 #[tokio::test]
+async fn a_started_job_is_scaled_for_before_its_runner_is_patched() {
+    // The statistics of a message age while it is handled; the ERS patch goes first so that runners finishing
+    // meanwhile are not replaced by runners for jobs that are already done.
+    let running = Running::start_with(fake_config(), 0, 5, fast_settings(), |_, _| {}).await;
+    online_runner(&running.fake, running.scale_set_id, "runner-a").await;
+    let job = running.enqueue(1)[0];
+    running.wait_replicas(1, "one job assigned").await;
+    let assigned = eventually(WAIT, || {
+        running
+            .fake
+            .state()
+            .job(job)
+            .unwrap()
+            .runner_name
+            .as_deref()
+            == Some("runner-a")
+    })
+    .await;
+    assert!(assigned, "{:?}", running.fake.state().job(job));
+    // Let the assignment's own patch land before the start.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let set_patches_before = running
+        .target
+        .with(|r| r.calls.iter().filter(|c| *c == "set").count());
+    running.fake.state().start_job(job).expect("start");
+    let patched = eventually(WAIT, || !running.target.runner_patches().is_empty()).await;
+    assert!(patched, "no EphemeralRunner patch");
+    let calls = running.target.with(|r| r.calls.clone());
+    let first_runner = calls
+        .iter()
+        .position(|c| c == "runner:runner-a")
+        .expect("the runner patch is recorded");
+    let set_patches_first = calls[..first_runner].iter().filter(|c| *c == "set").count();
+    assert!(
+        set_patches_first > set_patches_before,
+        "the JobStarted message's ERS patch must precede the runner's status patch: {calls:?}"
+    );
+    running.stop().await;
+}
+
+#[tokio::test]
 async fn job_started_patches_the_runner_and_completion_scales_down() {
     let running = Running::start_with(fake_config(), 0, 5, fast_settings(), |_, _| {}).await;
     online_runner(&running.fake, running.scale_set_id, "runner-a").await;

@@ -187,6 +187,8 @@ pub struct Recorded {
     pub fail_runner_patches: u32,
     /// Current `spec.replicas`.
     pub replicas: i64,
+    /// Every successful patch in order: `set` for the EphemeralRunnerSet, `runner:NAME` for a runner's status.
+    pub calls: Vec<String>,
 }
 
 /// A [`RunnerSetTarget`] that applies merge patches to an in-memory replica count.
@@ -237,6 +239,7 @@ impl RunnerSetTarget for RecordingTarget {
                 });
             }
             r.set_patches.push(patch.clone());
+            r.calls.push("set".to_owned());
             match &patch["spec"]["replicas"] {
                 Value::Null if patch["spec"].get("replicas").is_some() => r.replicas = 0,
                 Value::Number(n) => r.replicas = n.as_i64().unwrap_or_default(),
@@ -257,6 +260,7 @@ impl RunnerSetTarget for RecordingTarget {
                 });
             }
             r.runner_patches.push((name.to_owned(), patch.clone()));
+            r.calls.push(format!("runner:{name}"));
             Ok(RunnerPatched::Patched)
         })
     }
