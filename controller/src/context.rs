@@ -267,7 +267,14 @@ impl Expectations {
 pub struct RunnerMemory {
     disruptions: Mutex<HashMap<String, (u32, Instant)>>,
     checked: Mutex<HashMap<String, Instant>>,
+    /// Registrations already removed from the service, by runner uid and runner id, with when. Both the set
+    /// controller (scale-down) and the runner's own finalizer deregister, and a finalizer may run again on a stale
+    /// cache; each would otherwise be one more Actions call per runner.
+    deregistered: Mutex<HashMap<(String, i64), Instant>>,
 }
+
+/// How long a deregistration is remembered: far longer than a cache lags, short enough to stay small.
+const DEREGISTRATION_MEMORY: Duration = Duration::from_secs(600);
 
 impl RunnerMemory {
     /// Records a disruption of runner `uid`; returns how many it had.
@@ -286,19 +293,38 @@ impl RunnerMemory {
         lock(&self.disruptions).get(uid).copied()
     }
 
-    /// Whether the registration of `uid` is due for a check every `interval`; marks it checked when it is.
+    /// Whether the registration of `uid` is due for a check every `interval`; marks it checked when it is. The
+    /// first call only starts the clock: a runner that just came up has just registered.
     pub fn registration_check_due(&self, uid: &str, interval: Duration) -> bool {
         if interval.is_zero() {
             return false;
         }
         let mut checked = lock(&self.checked);
         match checked.get(uid) {
-            Some(last) if last.elapsed() < interval => false,
-            _ => {
+            Some(last) if last.elapsed() >= interval => {
                 checked.insert(uid.to_owned(), Instant::now());
                 true
             }
+            Some(_) => false,
+            None => {
+                checked.insert(uid.to_owned(), Instant::now());
+                false
+            }
         }
+    }
+
+    /// Records that registration `runner_id` of runner `uid` was removed from the service.
+    pub fn deregistered(&self, uid: &str, runner_id: i64) {
+        let mut removed = lock(&self.deregistered);
+        removed.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
+        removed.insert((uid.to_owned(), runner_id), Instant::now());
+    }
+
+    /// Whether registration `runner_id` of runner `uid` was removed recently (by either controller).
+    pub fn was_deregistered(&self, uid: &str, runner_id: i64) -> bool {
+        lock(&self.deregistered)
+            .get(&(uid.to_owned(), runner_id))
+            .is_some_and(|at| at.elapsed() < DEREGISTRATION_MEMORY)
     }
 
     /// Forgets runner `uid` (gone).
@@ -352,12 +378,29 @@ mod tests {
     #[test]
     fn registration_checks_are_spaced() {
         let memory = RunnerMemory::default();
-        assert!(memory.registration_check_due("u", Duration::from_secs(60)));
-        assert!(!memory.registration_check_due("u", Duration::from_secs(60)));
+        assert!(!memory.registration_check_due("u", Duration::from_millis(30)));
+        assert!(!memory.registration_check_due("u", Duration::from_millis(30)));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(memory.registration_check_due("u", Duration::from_millis(30)));
+        assert!(!memory.registration_check_due("u", Duration::from_millis(30)));
         assert!(!memory.registration_check_due("v", Duration::ZERO));
         assert_eq!(memory.disrupted("u"), 1);
         assert_eq!(memory.disrupted("u"), 2);
         memory.forget("u");
         assert!(memory.last_disruption("u").is_none());
+    }
+
+    #[test]
+    fn deregistrations_are_remembered_per_registration() {
+        let memory = RunnerMemory::default();
+        assert!(!memory.was_deregistered("u", 7));
+        memory.deregistered("u", 7);
+        assert!(memory.was_deregistered("u", 7));
+        // A new pod of the same runner registers anew: that registration is not covered.
+        assert!(!memory.was_deregistered("u", 8));
+        assert!(!memory.was_deregistered("v", 7));
+        // Forgetting a runner keeps it: a finalizer may run once more on a stale cache.
+        memory.forget("u");
+        assert!(memory.was_deregistered("u", 7));
     }
 }

@@ -532,3 +532,42 @@ async fn an_unknown_runner_group_is_reported_without_a_hot_loop() {
     .await;
     manager.stop().await;
 }
+
+#[tokio::test]
+async fn sets_made_by_arc_are_adopted_and_other_versions_deleted() {
+    // Switching from ARC by changing images keeps ARC's chart labels: `app.kubernetes.io/version: 0.14.2`.
+    let env = Env::new("ars-version").await;
+    let mut options = env.options();
+    options.build_version = "0.1.0".to_owned();
+    let manager = env.start(options);
+    for (name, version) in [("from-arc", "0.14.2"), ("too-old", "0.13.1")] {
+        let mut set = crds::AutoscalingRunnerSet::new(name, env.runner_set_spec());
+        set.metadata.labels =
+            Some([("app.kubernetes.io/version".to_owned(), version.to_owned())].into());
+        env.runner_sets()
+            .create(&PostParams::default(), &set)
+            .await
+            .expect("create the AutoscalingRunnerSet");
+    }
+    let id = wait_for_scale_set(&env, "from-arc").await;
+    assert!(id > 0);
+    wait_for_listener(&env, "from-arc").await;
+    env.eventually("the incompatible set deleted", || async {
+        env.runner_set("too-old").await.is_none().then_some(())
+    })
+    .await;
+    let events = env.events("too-old", "VersionNotAllowed").await;
+    assert!(
+        events.iter().any(|e| e
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("\"0.13.1\""))),
+        "{events:?}"
+    );
+    assert!(
+        env.scale_sets_named("too-old").is_empty(),
+        "no scale set is created for a rejected set"
+    );
+    assert!(env.runner_set("from-arc").await.is_some());
+    manager.stop().await;
+}

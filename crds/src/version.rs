@@ -4,6 +4,17 @@
 /// Build version used when none is injected at build time (never compatible with a released chart).
 pub const UNKNOWN_BUILD_VERSION: &str = "NA";
 
+/// The ARC release line whose charts and objects this controller replaces as they are: its sets carry
+/// `app.kubernetes.io/version: 0.14.x`, and a user who only changes images must not see them deleted.
+pub const ARC_COMPATIBLE_VERSION: &str = "0.14";
+
+/// Whether this controller (built as `build_version`) takes care of a set labelled `resource_version`: one of its
+/// own version ([`is_version_allowed`]) or one of the ARC line it replaces ([`ARC_COMPATIBLE_VERSION`]).
+pub fn is_version_accepted(resource_version: &str, build_version: &str) -> bool {
+    is_version_allowed(resource_version, build_version)
+        || is_version_allowed(resource_version, ARC_COMPATIBLE_VERSION)
+}
+
 /// Whether an object labelled with `resource_version` may be reconciled by a controller built as
 /// `build_version`.
 ///
@@ -50,6 +61,17 @@ fn parse_number(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sets_of_the_arc_line_it_replaces_are_accepted() {
+        assert!(is_version_accepted("0.14.2", "0.1.0"));
+        assert!(is_version_accepted("0.14.0", "0.1.0"));
+        assert!(is_version_accepted("0.1.3", "0.1.0"));
+        assert!(!is_version_accepted("0.13.1", "0.1.0"));
+        assert!(!is_version_accepted("0.15.0", "0.1.0"));
+        assert!(!is_version_accepted("0.2.0", "0.1.0"));
+        assert!(!is_version_accepted("garbage", "0.1.0"));
+    }
 
     #[test]
     fn spec_examples() {

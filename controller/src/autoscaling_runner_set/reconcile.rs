@@ -30,7 +30,7 @@ use crds::constants::{
     RUNNER_SCALE_SET_NAME_ANNOTATION, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
     VERSION_LABEL, phase,
 };
-use crds::version::is_version_allowed;
+use crds::version::{ARC_COMPATIBLE_VERSION, is_version_accepted};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunnerSet};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
@@ -75,7 +75,7 @@ pub async fn reconcile(
         .labels()
         .get(VERSION_LABEL)
         .map_or("", String::as_str);
-    if !is_version_allowed(version, &ctx.base.options.build_version) {
+    if !is_version_accepted(version, &ctx.base.options.build_version) {
         return step.reject_version(version).await;
     }
     if !step.has_finalizer() {
@@ -240,7 +240,8 @@ impl<'a> Step<'a> {
             "Delete",
             format!(
                 "label app.kubernetes.io/version {version:?} is not compatible with controller version \
-                 {build:?}; deleting the AutoscalingRunnerSet (install a chart of the controller's version)"
+                 {build:?} (nor with ARC {ARC_COMPATIBLE_VERSION}); deleting the AutoscalingRunnerSet (install a \
+                 chart of the controller's version)"
             ),
         )
         .await;

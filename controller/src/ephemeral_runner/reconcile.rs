@@ -748,6 +748,9 @@ impl<'a> Step<'a> {
     /// lookup by name (a crash between registering and recording).
     async fn deregister(&self) -> Result<Removal> {
         let mut runner_id = self.status().runner_id;
+        if runner_id != 0 && self.ctx.runner_memory.was_deregistered(&self.uid, runner_id) {
+            return Ok(Removal::Removed);
+        }
         if runner_id == 0
             && let Some(secret) = read_secret(&self.ctx.client, &self.namespace, &self.name).await?
         {
@@ -781,7 +784,11 @@ impl<'a> Step<'a> {
         if runner_id == 0 {
             return Ok(Removal::Removed);
         }
-        actions.remove_runner(runner_id).await
+        let removal = actions.remove_runner(runner_id).await?;
+        if removal == Removal::Removed {
+            self.ctx.runner_memory.deregistered(&self.uid, runner_id);
+        }
+        Ok(removal)
     }
 
     /// Pods and Secrets the runner's container hooks created (label `runner-pod=<runner name>`).

@@ -461,11 +461,16 @@ impl<'a> SetStep<'a> {
         actions: Option<&Actions>,
     ) -> Result<bool> {
         let runner_id = runner.status.as_ref().map_or(0, |status| status.runner_id);
+        let uid = runner.uid().unwrap_or_default();
         if runner_id != 0
+            && !self.ctx.runner_memory.was_deregistered(&uid, runner_id)
             && let Some(actions) = actions
-            && actions.remove_runner(runner_id).await? == Removal::JobStillRunning
         {
-            return Ok(false);
+            if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
+                return Ok(false);
+            }
+            // The runner's own finalizer need not ask the service again.
+            self.ctx.runner_memory.deregistered(&uid, runner_id);
         }
         delete_if_present(
             &self.runners,
