@@ -1,10 +1,11 @@
 //! Security checks against a real API server: what the manager's and the listener's ServiceAccounts may do
-//! (SubjectAccessReview), which Secrets a runner pod can see, and that no credential reaches a log line.
+//! (SubjectAccessReview), which Secrets a runner pod can see, that the listener pod meets the `restricted` Pod
+//! Security Standard, and that no credential (PAT or GitHub App) reaches a log line.
 
 mod ars_support;
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ars_support::{CREDENTIALS, Env};
 use chart_tests::{Chart, Template};
@@ -442,18 +443,57 @@ impl Write for Captured {
     }
 }
 
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_owned()
+    }
+}
+
+/// The debug logs (every crate) of this test binary, captured from the first call on. The subscriber is global,
+/// so the log-scanning tests share it: each one scans everything captured for its own secrets, and checks that
+/// lines of its own run are there.
+fn capture() -> Captured {
+    static CAPTURED: OnceLock<Captured> = OnceLock::new();
+    CAPTURED
+        .get_or_init(|| {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .try_init()
+                .expect("the only subscriber of this test binary");
+            captured
+        })
+        .clone()
+}
+
+/// Fails when any line of `text` contains one of `secrets` (what, value).
+fn assert_no_leak(text: &str, secrets: &[(&str, &str)]) {
+    for (what, secret) in secrets {
+        assert!(secret.len() >= 16, "{what} is too short to scan for");
+        let leaks: Vec<&str> = text.lines().filter(|line| line.contains(secret)).collect();
+        assert!(
+            leaks.is_empty(),
+            "the {what} appears in {} log line(s): {:?}",
+            leaks.len(),
+            leaks.first()
+        );
+    }
+}
+
 /// A scale set through its whole lifecycle with debug logs (every crate) captured: no token, JIT config or
 /// listener config value appears in any line.
 #[tokio::test]
 async fn no_credential_appears_in_debug_logs() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .try_init()
-        .expect("the only subscriber of this test binary");
+    let captured = capture();
     const TOKEN: &str = "ghp_log_scan_secret_4f1d9a";
     let env = Env::new("sec-logs").await;
     env.put_credentials(TOKEN.as_bytes()).await;
@@ -483,23 +523,217 @@ async fn no_credential_appears_in_debug_logs() {
     .await;
     manager.stop().await;
 
-    let text = String::from_utf8_lossy(
-        &captured
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    )
-    .into_owned();
+    let text = captured.text();
     assert!(text.lines().count() > 50, "debug logs were captured");
+    assert!(
+        text.contains(&env.ctx.namespace),
+        "the logs hold this test's reconciles"
+    );
     // The JIT config is base64 of JSON; any 40-character piece of it is as good as the whole.
     let jit_piece = &jit_config[jit_config.len() / 2..jit_config.len() / 2 + 40];
-    for (what, secret) in [("token", TOKEN), ("JIT config", jit_piece)] {
-        let leaks: Vec<&str> = text.lines().filter(|line| line.contains(secret)).collect();
-        assert!(
-            leaks.is_empty(),
-            "the {what} appears in {} log line(s): {:?}",
-            leaks.len(),
-            leaks.first()
-        );
+    assert_no_leak(&text, &[("token", TOKEN), ("JIT config", jit_piece)]);
+}
+
+/// Response bytes relayed from the fake Actions Service: the fake keeps the tokens it issues to itself, so the
+/// tests read them from what the manager actually received.
+#[derive(Clone, Default)]
+struct Relayed(Arc<Mutex<Vec<u8>>>);
+
+impl Relayed {
+    /// Every string value of `"field":"..."` in the relayed responses.
+    fn values_of(&self, field: &str) -> Vec<String> {
+        let bytes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let text = String::from_utf8_lossy(&bytes);
+        let needle = format!("\"{field}\":\"");
+        text.match_indices(&needle)
+            .filter_map(|(at, _)| {
+                let rest = &text[at + needle.len()..];
+                rest.find('"').map(|end| rest[..end].to_owned())
+            })
+            .collect()
     }
+}
+
+/// A TCP relay to `upstream` on a free local port. The fake builds the URLs it hands out from the Host header,
+/// so a client given the relay's address keeps talking through it.
+async fn relay(upstream: std::net::SocketAddr, relayed: Relayed) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("relay port");
+    let addr = listener.local_addr().expect("relay address");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let relayed = relayed.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let requests = tokio::spawn(async move {
+                    tokio::io::copy(&mut client_read, &mut server_write)
+                        .await
+                        .ok();
+                    server_write.shutdown().await.ok();
+                });
+                let mut buffer = vec![0_u8; 16 * 1024];
+                while let Ok(n) = server_read.read(&mut buffer).await {
+                    if n == 0 {
+                        break;
+                    }
+                    relayed
+                        .0
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .extend_from_slice(&buffer[..n]);
+                    if client_write.write_all(&buffer[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                client_write.shutdown().await.ok();
+                requests.abort();
+            });
+        }
+    });
+    addr
+}
+
+/// The same lifecycle with GitHub App credentials: the private key (which the manager also copies into the
+/// listener config Secret), the App JWT, the installation, registration and admin tokens the fake issued, and
+/// the JIT config stay out of every debug log line.
+#[tokio::test]
+async fn no_github_app_credential_appears_in_debug_logs() {
+    let captured = capture();
+    let env = Env::new("sec-app-logs").await;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).expect("an RSA key");
+    let private_key = key.serialize_pem();
+    env.put_secret_data(&[
+        ("github_app_id", b"Iv1.logscan"),
+        ("github_app_installation_id", b"4242"),
+        ("github_app_private_key", private_key.as_bytes()),
+    ])
+    .await;
+    let relayed = Relayed::default();
+    let relay_addr = relay(env.fake.addr(), relayed.clone()).await;
+    let mut spec = env.runner_set_spec();
+    spec.github_config_url = format!("http://{relay_addr}/org/repo");
+    let manager = env.start(env.options());
+    env.create_runner_set("applogs", spec).await;
+    let pod = one_runner_pod(&env, "applogs").await;
+    let secrets: Api<Secret> = env.ctx.api();
+    let jit = env
+        .eventually("the JIT Secret", || async {
+            secrets.get_opt(&pod.name_any()).await.unwrap()
+        })
+        .await;
+    let jit_config =
+        String::from_utf8(jit.data.expect("data")["jitToken"].0.clone()).expect("UTF-8");
+    // The listener config Secret carries the key: the manager has handled it in full by now.
+    let listener_config = env
+        .eventually("the listener config Secret", || async {
+            env.controller_secrets()
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|s| s.name_any().ends_with("-config"))
+        })
+        .await;
+    let config = &listener_config.data.expect("data")["config.json"].0;
+    assert!(
+        String::from_utf8_lossy(config).contains("PRIVATE KEY"),
+        "the listener gets the App key"
+    );
+    env.runner_sets()
+        .delete("applogs", &DeleteParams::default())
+        .await
+        .expect("delete the set");
+    env.eventually("the set to be gone", || async {
+        env.runner_set("applogs").await.is_none().then_some(())
+    })
+    .await;
+    manager.stop().await;
+
+    let text = captured.text();
+    assert!(
+        text.lines()
+            .any(|line| line.contains(&relay_addr.to_string()) && line.contains("admin token")),
+        "the logs hold this test's App sign-in"
+    );
+    let tokens = relayed.values_of("token");
+    assert!(
+        tokens.iter().any(|t| t.starts_with("ghs_")),
+        "an installation token was issued: {tokens:?}"
+    );
+    assert!(
+        tokens.iter().any(|t| t.starts_with("eyJ")),
+        "an admin token was issued: {tokens:?}"
+    );
+    let mut scanned: Vec<(&str, &str)> = private_key
+        .lines()
+        .filter(|line| !line.starts_with("-----") && !line.trim().is_empty())
+        .map(|line| ("private key line", line))
+        .collect();
+    scanned.extend(
+        tokens
+            .iter()
+            .map(|t| ("token issued by the fake", t.as_str())),
+    );
+    let jit_piece = &jit_config[jit_config.len() / 2..jit_config.len() / 2 + 40];
+    scanned.push(("JIT config", jit_piece));
+    assert_no_leak(&text, &scanned);
+    // The App JWT the manager signs never comes back in a response; JWTs and installation tokens have shapes.
+    for line in text.lines() {
+        for marker in ["ghs_", "eyJhbGci", "PRIVATE KEY"] {
+            assert!(
+                !line.contains(marker),
+                "a log line holds something shaped like a secret ({marker}): {line}"
+            );
+        }
+    }
+}
+
+/// The listener pod the manager builds is admitted into a controller namespace that enforces the `restricted`
+/// Pod Security Standard (the API server's own check of the default listener securityContext).
+#[tokio::test]
+async fn the_listener_pod_meets_the_restricted_pod_security_standard() {
+    let env = Env::new("sec-pss").await;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client())
+        .patch(
+            &env.controller_namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }}})),
+        )
+        .await
+        .expect("label the controller namespace");
+    let manager = env.start(env.options());
+    env.create_runner_set("pss", env.runner_set_spec()).await;
+    let pod = env
+        .eventually("the listener pod", || async {
+            env.controller_pods()
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .next()
+        })
+        .await;
+    let container = &pod.spec.expect("spec").containers[0];
+    let context = container
+        .security_context
+        .as_ref()
+        .expect("a securityContext");
+    assert_eq!(context.run_as_non_root, Some(true));
+    assert_eq!(context.read_only_root_filesystem, Some(true));
+    manager.stop().await;
 }
