@@ -17,6 +17,9 @@ use crate::process::{Supervised, remove_dir_when_process_exits};
 
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// Index of kube-apiserver in [`ControlPlane::processes`] (etcd is 0, the controller-manager 2).
+const API_SERVER: usize = 1;
+
 /// A running control plane. Its processes stop when the test process exits, however it exits.
 pub struct ControlPlane {
     dir: PathBuf,
@@ -24,7 +27,42 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     config: kube::Config,
     processes: Mutex<Vec<Supervised>>,
+    /// How kube-apiserver was started, so that it can be started again the same way.
+    api_server: Launch,
+    /// One API-server restart at a time.
+    restarting: tokio::sync::Mutex<()>,
     _cleanup: ChildStdin,
+}
+
+/// A server's program, flags and log.
+#[derive(Debug, Clone)]
+struct Launch {
+    name: &'static str,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Launch {
+    fn spawn(&self) -> Result<Supervised, Error> {
+        Supervised::spawn(self.name, &self.program, &self.args, &self.log)
+    }
+}
+
+/// How an API-server restart went (see [`ControlPlane::restart_api_server`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiServerRestart {
+    /// From the stop request until the old process had exited.
+    pub stop: Duration,
+    /// From starting the new process until its `/readyz` answered `ok`.
+    pub start: Duration,
+}
+
+impl ApiServerRestart {
+    /// How long the API server did not serve: stop plus start.
+    pub fn down(&self) -> Duration {
+        self.stop + self.start
+    }
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -101,10 +139,10 @@ impl ControlPlane {
         )?);
         wait_for_port(&mut processes[0], etcd_client).await?;
 
-        processes.push(Supervised::spawn(
-            "kube-apiserver",
-            &apiserver_bin,
-            &args(&[
+        let api_server = Launch {
+            name: "kube-apiserver",
+            program: apiserver_bin,
+            args: args(&[
                 ("--etcd-servers", &etcd_url),
                 ("--bind-address", "127.0.0.1"),
                 ("--advertise-address", "127.0.0.1"),
@@ -126,8 +164,9 @@ impl ControlPlane {
                 ("--allow-privileged", "true"),
                 ("--v", "1"),
             ]),
-            &dir.join("kube-apiserver.log"),
-        )?);
+            log: dir.join("kube-apiserver.log"),
+        };
+        processes.push(api_server.spawn()?);
 
         let kube_options = KubeConfigOptions::default();
         let kc = Kubeconfig::read_from(&kubeconfig).map_err(Error::Kubeconfig)?;
@@ -135,7 +174,7 @@ impl ControlPlane {
             .await
             .map_err(Error::Kubeconfig)?;
         let client = Client::try_from(config.clone()).map_err(Error::Kube)?;
-        wait_until_ready(&mut processes[1], &client).await?;
+        wait_until_ready(&mut processes[API_SERVER], &client).await?;
 
         processes.push(Supervised::spawn(
             "kube-controller-manager",
@@ -163,8 +202,76 @@ impl ControlPlane {
             kubeconfig,
             config,
             processes: Mutex::new(processes),
+            api_server,
+            restarting: tokio::sync::Mutex::new(()),
             _cleanup: cleanup,
         })
+    }
+
+    /// Restarts kube-apiserver alone, as a rolling update of the control plane would: SIGTERM (SIGKILL after
+    /// 5 s), then the same binary with the same flags, port and certificates, against the same etcd and its
+    /// data; returns once `/readyz` answers `ok` again. etcd and the controller-manager keep running (the
+    /// latter reconnects by itself). Clients built before keep working: they reconnect on their next request,
+    /// and watches resume from their resource versions.
+    ///
+    /// The control plane is shared by every test of a test binary, so a test that restarts it disturbs the
+    /// others: give it a test binary of its own.
+    pub async fn restart_api_server(&self) -> Result<ApiServerRestart, Error> {
+        let _one_at_a_time = self.restarting.lock().await;
+        let stopping = Instant::now();
+        let old = self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(API_SERVER);
+        // `stop` blocks (it polls the exit for up to 10 s): keep it off the async threads.
+        let stopped = tokio::task::spawn_blocking(move || {
+            let mut old = old;
+            old.stop();
+            old
+        })
+        .await
+        .map_err(|e| Error::StartProcess {
+            name: self.api_server.name.to_owned(),
+            source: std::io::Error::other(format!("stopping the old process: {e}")),
+        })?;
+        drop(stopped);
+        let stop = stopping.elapsed();
+
+        let starting = Instant::now();
+        let new = self.api_server.spawn()?;
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(API_SERVER, new);
+        let client = self.client()?;
+        self.wait_until_api_server_ready(&client).await?;
+        Ok(ApiServerRestart {
+            stop,
+            start: starting.elapsed(),
+        })
+    }
+
+    /// Polls `/readyz` until it answers `ok`, failing early if the API server exits.
+    async fn wait_until_api_server_ready(&self, client: &Client) -> Result<(), Error> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let req = http::Request::get("/readyz").body(Vec::new());
+            if let Ok(req) = req
+                && let Ok(body) = client.request_text(req).await
+                && body.trim() == "ok"
+            {
+                return Ok(());
+            }
+            {
+                let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+                let process = &mut processes[API_SERVER];
+                if process.exited().is_some() || Instant::now() >= deadline {
+                    return Err(not_ready(process, "/readyz after a restart"));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// A new client; one per test, since a client is tied to the tokio runtime that first uses it.
