@@ -271,6 +271,9 @@ pub struct RunnerMemory {
     /// controller (scale-down) and the runner's own finalizer deregister, and a finalizer may run again on a stale
     /// cache; each would otherwise be one more Actions call per runner.
     deregistered: Mutex<HashMap<(String, i64), Instant>>,
+    /// Runners whose finalizers this process removed, with when: the deletion of their pod and Secret wakes them
+    /// once more while the cache still shows them with finalizers, which would repeat every delete and patch.
+    finalized: Mutex<HashMap<String, Instant>>,
 }
 
 /// How long a deregistration is remembered: far longer than a cache lags, short enough to stay small.
@@ -318,6 +321,20 @@ impl RunnerMemory {
         let mut removed = lock(&self.deregistered);
         removed.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
         removed.insert((uid.to_owned(), runner_id), Instant::now());
+    }
+
+    /// Records that the finalizers of runner `uid` were removed.
+    pub fn finalized(&self, uid: &str) {
+        let mut finalized = lock(&self.finalized);
+        finalized.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
+        finalized.insert(uid.to_owned(), Instant::now());
+    }
+
+    /// Whether the finalizers of runner `uid` were removed less than `within` ago.
+    pub fn was_finalized(&self, uid: &str, within: Duration) -> bool {
+        lock(&self.finalized)
+            .get(uid)
+            .is_some_and(|at| at.elapsed() < within)
     }
 
     /// Whether registration `runner_id` of runner `uid` was removed recently (by either controller).
@@ -402,5 +419,15 @@ mod tests {
         // Forgetting a runner keeps it: a finalizer may run once more on a stale cache.
         memory.forget("u");
         assert!(memory.was_deregistered("u", 7));
+    }
+
+    #[test]
+    fn finalized_runners_are_remembered_for_a_while() {
+        let memory = RunnerMemory::default();
+        assert!(!memory.was_finalized("u", Duration::from_secs(30)));
+        memory.finalized("u");
+        assert!(memory.was_finalized("u", Duration::from_secs(30)));
+        assert!(!memory.was_finalized("u", Duration::ZERO));
+        assert!(!memory.was_finalized("v", Duration::from_secs(30)));
     }
 }

@@ -55,6 +55,8 @@ const KIND: &str = "EphemeralRunner";
 pub const POD_REJECTED_REASON: &str = "PodCreationRejected";
 /// Short delay while waiting for the cache to catch up with a write of ours.
 const CACHE_WAIT: Duration = Duration::from_secs(1);
+/// How long a runner whose finalizers this process removed is left alone: its cache entry may still show them.
+const STALE_FINALIZE_WINDOW: Duration = Duration::from_secs(30);
 
 /// Reconciles one EphemeralRunner.
 #[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
@@ -718,6 +720,15 @@ impl<'a> Step<'a> {
         if !finalizers.iter().any(|f| f == EPHEMERAL_RUNNER_FINALIZER) {
             return Ok(Action::await_change());
         }
+        if self
+            .ctx
+            .runner_memory
+            .was_finalized(&self.uid, STALE_FINALIZE_WINDOW)
+        {
+            // The cache has not caught up with our own finalizer removal yet; if the object somehow still holds
+            // the finalizer after the window, the pass runs again.
+            return Ok(Action::requeue(STALE_FINALIZE_WINDOW));
+        }
         if finalizers
             .iter()
             .any(|f| f == EPHEMERAL_RUNNER_REGISTRATION_FINALIZER)
@@ -741,6 +752,7 @@ impl<'a> Step<'a> {
             .collect();
         set_finalizers(&self.api, self.runner, wanted, KIND).await?;
         self.ctx.runner_memory.forget(&self.uid);
+        self.ctx.runner_memory.finalized(&self.uid);
         Ok(Action::await_change())
     }
 
