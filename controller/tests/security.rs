@@ -455,7 +455,8 @@ impl Captured {
     }
 }
 
-/// The debug logs (every crate) of this test binary, captured from the first call on. The subscriber is global,
+/// The logs of this test binary at trace level (every crate, as `RUST_LOG=trace` gives the manager), captured
+/// from the first call on. The subscriber is global,
 /// so the log-scanning tests share it: each one scans everything captured for its own secrets, and checks that
 /// lines of its own run are there.
 fn capture() -> Captured {
@@ -465,7 +466,7 @@ fn capture() -> Captured {
             let captured = Captured::default();
             let writer = captured.clone();
             tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
+                .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
                 .with_writer(move || writer.clone())
                 .with_ansi(false)
                 .try_init()
@@ -489,10 +490,10 @@ fn assert_no_leak(text: &str, secrets: &[(&str, &str)]) {
     }
 }
 
-/// A scale set through its whole lifecycle with debug logs (every crate) captured: no token, JIT config or
+/// A scale set through its whole lifecycle with trace logs (every crate) captured: no token, JIT config or
 /// listener config value appears in any line.
 #[tokio::test]
-async fn no_credential_appears_in_debug_logs() {
+async fn no_credential_appears_in_trace_logs() {
     let captured = capture();
     const TOKEN: &str = "ghp_log_scan_secret_4f1d9a";
     let env = Env::new("sec-logs").await;
@@ -524,7 +525,8 @@ async fn no_credential_appears_in_debug_logs() {
     manager.stop().await;
 
     let text = captured.text();
-    assert!(text.lines().count() > 50, "debug logs were captured");
+    assert!(text.lines().count() > 50, "trace logs were captured");
+    assert!(text.contains(" TRACE "), "trace-level lines are captured");
     assert!(
         text.contains(&env.ctx.namespace),
         "the logs hold this test's reconciles"
@@ -605,9 +607,9 @@ async fn relay(upstream: std::net::SocketAddr, relayed: Relayed) -> std::net::So
 
 /// The same lifecycle with GitHub App credentials: the private key (which the manager also copies into the
 /// listener config Secret), the App JWT, the installation, registration and admin tokens the fake issued, and
-/// the JIT config stay out of every debug log line.
+/// the JIT config stay out of every log line.
 #[tokio::test]
-async fn no_github_app_credential_appears_in_debug_logs() {
+async fn no_github_app_credential_appears_in_trace_logs() {
     let captured = capture();
     let env = Env::new("sec-app-logs").await;
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).expect("an RSA key");
