@@ -88,6 +88,15 @@ impl ListenerHealth {
     }
 }
 
+/// A wait for people to read: whole seconds from 10 s on, tenths below (a 0.5 s backoff is not "0s").
+pub fn describe_wait(wait: Duration) -> String {
+    if wait >= Duration::from_secs(10) {
+        format!("{}s", wait.as_secs())
+    } else {
+        format!("{:.1}s", wait.as_secs_f64())
+    }
+}
+
 /// The AutoscalingListener controller's context: the shared one plus its own view of listener pods.
 pub struct ListenerContext {
     /// Shared manager context.
@@ -200,6 +209,9 @@ mod tests {
         assert!(health.get("a").unwrap().retry_at <= Instant::now() + max);
         health.reset("a");
         assert!(health.get("a").is_none());
+        assert_eq!(describe_wait(Duration::from_millis(500)), "0.5s");
+        assert_eq!(describe_wait(Duration::from_millis(9_960)), "10.0s");
+        assert_eq!(describe_wait(Duration::from_secs(300)), "300s");
     }
 
     #[test]

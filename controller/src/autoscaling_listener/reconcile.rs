@@ -466,11 +466,11 @@ impl<'a> Step<'a> {
                         "ListenerFailed",
                         "RecreateListener",
                         format!(
-                            "listener pod {}/{} {what} (failure {}); recreating it in {}s",
+                            "listener pod {}/{} {what} (failure {}); recreating it in {}",
                             self.namespace,
                             self.name,
                             failure.count,
-                            delay.as_secs()
+                            super::describe_wait(delay)
                         ),
                     )
                     .await;

@@ -1047,10 +1047,10 @@ pub fn listener_state(
         return Err(Finding::new(
             "ListenerFailing",
             format!(
-                "the listener pod {} ({} failure(s) in a row); next attempt in {}s",
+                "the listener pod {} ({} failure(s) in a row); next attempt in {}",
                 failure.last,
                 failure.count,
-                wait.as_secs()
+                crate::autoscaling_listener::describe_wait(wait)
             ),
         ));
     }
