@@ -1,8 +1,8 @@
 //! The manager: shared watches, the controllers, readiness, one shutdown signal.
 //!
 //! Every watch is started by the manager and shared: runner pods and EphemeralRunners feed the EphemeralRunner
-//! controller, EphemeralRunners also feed the EphemeralRunnerSet controller. Shared watches do not forward
-//! deletions, so the manager maps deletions to the owner's reconcile itself. Controllers start only after every
+//! controller, EphemeralRunners also feed the EphemeralRunnerSet controller. Each watch hands every object it
+//! sees to each of its subscribers itself ([`Fanout`]), and maps deletions to the owner's reconcile. Controllers start only after every
 //! watch has listed once, so no reconcile acts on a partial cache (which could duplicate runners after a
 //! restart); readiness turns true at that point and false again on shutdown.
 
@@ -38,8 +38,6 @@ use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::{autoscaling_listener, autoscaling_runner_set, ephemeral_runner, ephemeral_runner_set};
 
-/// How many watch events a slow subscriber may lag behind before the watch waits for it.
-const SUBSCRIBER_BUFFER: usize = 1024;
 /// Reporting controller name on Events.
 const EVENT_REPORTER: &str = "gha-runner-scale-set-controller";
 
@@ -129,29 +127,21 @@ impl Manager {
         let stop_watches = CancellationToken::new();
         let _stop_on_exit = stop_watches.clone().drop_guard();
 
-        let (set_store, set_writer) =
-            reflector::store_shared::<EphemeralRunnerSet>(SUBSCRIBER_BUFFER);
-        let sets_for_set_controller = set_writer.subscribe().ok_or(Error::WatchNotReady {
-            kind: "EphemeralRunnerSet",
-        })?;
-        let (runner_store, runner_writer) =
-            reflector::store_shared::<EphemeralRunner>(SUBSCRIBER_BUFFER);
-        let runners_for_runner_controller =
-            runner_writer.subscribe().ok_or(Error::WatchNotReady {
-                kind: "EphemeralRunner",
-            })?;
-        let runners_for_set_controller = runner_writer.subscribe().ok_or(Error::WatchNotReady {
-            kind: "EphemeralRunner",
-        })?;
-        let (pod_store, pod_writer) = reflector::store_shared::<Pod>(SUBSCRIBER_BUFFER);
-        let pods_for_runner_controller = pod_writer
-            .subscribe()
-            .ok_or(Error::WatchNotReady { kind: "Pod" })?;
+        let (set_store, set_writer) = reflector::store::<EphemeralRunnerSet>();
+        let mut set_fanout = Fanout::default();
+        let sets_for_set_controller = set_fanout.subscribe();
+        let (runner_store, runner_writer) = reflector::store::<EphemeralRunner>();
+        let mut runner_fanout = Fanout::default();
+        let runners_for_runner_controller = runner_fanout.subscribe();
+        let runners_for_set_controller = runner_fanout.subscribe();
+        let (pod_store, pod_writer) = reflector::store::<Pod>();
+        let mut pod_fanout = Fanout::default();
+        let pods_for_runner_controller = pod_fanout.subscribe();
 
         // The AutoscalingRunnerSet and AutoscalingListener controllers need the controller namespace (where
         // listeners live); without it only the runner controllers run.
         let scale_set_watches = match &self.options.listener.namespace {
-            Some(namespace) => Some(ScaleSetWatches::new(namespace, &set_writer)?),
+            Some(namespace) => Some(ScaleSetWatches::new(namespace, &mut set_fanout)),
             None => {
                 tracing::warn!(
                     "no controller namespace (CONTROLLER_MANAGER_POD_NAMESPACE): the AutoscalingRunnerSet and \
@@ -170,6 +160,7 @@ impl Manager {
                 self.api::<EphemeralRunnerSet>(),
                 watcher::Config::default(),
                 set_writer,
+                set_fanout,
                 |_| {},
                 stop_watches.clone(),
             ),
@@ -177,6 +168,7 @@ impl Manager {
                 self.api::<EphemeralRunner>(),
                 watcher::Config::default(),
                 runner_writer,
+                runner_fanout,
                 move |runner: &EphemeralRunner| {
                     if let Some(owner) = controller_owner(runner, "EphemeralRunnerSet") {
                         let _ = runner_deleted_tx.unbounded_send(owner);
@@ -190,6 +182,7 @@ impl Manager {
                     "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
                 )),
                 pod_writer,
+                pod_fanout,
                 move |pod: &Pod| {
                     if let Some(owner) = controller_owner(pod, "EphemeralRunner") {
                         let _ = pod_deleted_tx.unbounded_send(owner);
@@ -285,13 +278,16 @@ impl Manager {
 /// The shared watches of the AutoscalingRunnerSet and AutoscalingListener controllers, before they run.
 struct ScaleSetWatches {
     runner_set_writer: reflector::store::Writer<AutoscalingRunnerSet>,
+    runner_set_fanout: Fanout<AutoscalingRunnerSet>,
     listener_writer: reflector::store::Writer<AutoscalingListener>,
+    listener_fanout: Fanout<AutoscalingListener>,
     pod_writer: reflector::store::Writer<Pod>,
+    pod_fanout: Fanout<Pod>,
     parts: ScaleSetParts,
     pod_deleted: mpsc::UnboundedSender<ObjectRef<AutoscalingListener>>,
 }
 
-type SharedStream<K> = reflector::ReflectHandle<K>;
+type SharedStream<K> = mpsc::UnboundedReceiver<Arc<K>>;
 
 /// What the two controllers consume once the watches run.
 struct ScaleSetParts {
@@ -308,43 +304,79 @@ struct ScaleSetParts {
     pod_deletions: mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>,
 }
 
-fn subscribe<K>(writer: &reflector::store::Writer<K>, kind: &'static str) -> Result<SharedStream<K>>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    writer.subscribe().ok_or(Error::WatchNotReady { kind })
+/// Where a watch's objects go: every applied object to every subscriber, unbounded.
+///
+/// kube-runtime's own subscription to a shared store (`ReflectHandle`) looks each event's object up in the store
+/// and, when it is already gone from there (deleted a moment later, as finished runners and their pods are),
+/// returns `Pending` without registering a waker. Inside a controller's trigger streams that subscriber is then
+/// never polled again, and the controller stops hearing about that kind for good: in a 500-job burst, runners
+/// whose pods had finished waited for the five-minute resync, and jobs for the runner set's next scale-up waited
+/// with them. Handing out the event's own object avoids the lookup; an unbounded channel keeps a slow controller
+/// from holding up the watch (its items are consumed as fast as triggers are scheduled).
+struct Fanout<K> {
+    subscribers: Vec<mpsc::UnboundedSender<Arc<K>>>,
+}
+
+impl<K> Default for Fanout<K> {
+    fn default() -> Self {
+        Self {
+            subscribers: Vec::new(),
+        }
+    }
+}
+
+impl<K> Fanout<K> {
+    /// A new subscriber: every object applied from now on.
+    fn subscribe(&mut self) -> SharedStream<K> {
+        let (tx, rx) = mpsc::unbounded();
+        self.subscribers.push(tx);
+        rx
+    }
+
+    fn send(&self, obj: K) {
+        if self.subscribers.is_empty() {
+            return;
+        }
+        let obj = Arc::new(obj);
+        for subscriber in &self.subscribers {
+            // A subscriber gone (its controller stopped) is no reason to stop the others.
+            let _ = subscriber.unbounded_send(Arc::clone(&obj));
+        }
+    }
 }
 
 impl ScaleSetWatches {
-    fn new(
-        namespace: &str,
-        ephemeral_runner_sets: &reflector::store::Writer<EphemeralRunnerSet>,
-    ) -> Result<Self> {
-        let (runner_set_store, runner_set_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
-        let (listener_store, listener_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
-        let (pod_store, pod_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
+    fn new(namespace: &str, ephemeral_runner_sets: &mut Fanout<EphemeralRunnerSet>) -> Self {
+        let (runner_set_store, runner_set_writer) = reflector::store();
+        let (listener_store, listener_writer) = reflector::store();
+        let (pod_store, pod_writer) = reflector::store();
+        let mut runner_set_fanout = Fanout::default();
+        let mut listener_fanout = Fanout::default();
+        let mut pod_fanout = Fanout::default();
         let (pod_deleted, pod_deletions) = mpsc::unbounded();
         let parts = ScaleSetParts {
             namespace: namespace.to_owned(),
-            runner_sets: subscribe(&runner_set_writer, "AutoscalingRunnerSet")?,
+            runner_sets: runner_set_fanout.subscribe(),
             runner_set_store,
-            ephemeral_runner_sets: subscribe(ephemeral_runner_sets, "EphemeralRunnerSet")?,
-            listeners_for_runner_sets: subscribe(&listener_writer, "AutoscalingListener")?,
-            listeners: subscribe(&listener_writer, "AutoscalingListener")?,
+            ephemeral_runner_sets: ephemeral_runner_sets.subscribe(),
+            listeners_for_runner_sets: listener_fanout.subscribe(),
+            listeners: listener_fanout.subscribe(),
             listener_store,
-            pods_for_runner_sets: subscribe(&pod_writer, "Pod")?,
-            pods_for_listeners: subscribe(&pod_writer, "Pod")?,
+            pods_for_runner_sets: pod_fanout.subscribe(),
+            pods_for_listeners: pod_fanout.subscribe(),
             pod_store,
             pod_deletions,
         };
-        Ok(Self {
+        Self {
             runner_set_writer,
+            runner_set_fanout,
             listener_writer,
+            listener_fanout,
             pod_writer,
+            pod_fanout,
             parts,
             pod_deleted,
-        })
+        }
     }
 
     fn spawn(
@@ -360,6 +392,7 @@ impl ScaleSetWatches {
                 manager.api::<AutoscalingRunnerSet>(),
                 watcher::Config::default(),
                 self.runner_set_writer,
+                self.runner_set_fanout,
                 |_| {},
                 stop.clone(),
             ),
@@ -367,6 +400,7 @@ impl ScaleSetWatches {
                 Api::<AutoscalingListener>::namespaced(client.clone(), &namespace),
                 watcher::Config::default(),
                 self.listener_writer,
+                self.listener_fanout,
                 |_| {},
                 stop.clone(),
             ),
@@ -375,6 +409,7 @@ impl ScaleSetWatches {
                 watcher::Config::default()
                     .labels(&format!("{COMPONENT_LABEL}={COMPONENT_LISTENER}")),
                 self.pod_writer,
+                self.pod_fanout,
                 move |pod: &Pod| {
                     if let Some(owner) = controller_owner(pod, "AutoscalingListener") {
                         let _ = pod_deleted.unbounded_send(owner);
@@ -480,11 +515,13 @@ fn controller_owner<K: Resource, O: Resource<DynamicType = ()>>(
     Some(ObjectRef::new(&owner.name).within(&obj.namespace()?))
 }
 
-/// Drives a shared watch into its store until `stop`, calling `on_delete` for every deleted object.
+/// Drives a watch into its store until `stop`, handing every applied object to the subscribers and calling
+/// `on_delete` for every deleted one.
 fn spawn_watch<K>(
     api: Api<K>,
     config: watcher::Config,
     writer: reflector::store::Writer<K>,
+    fanout: Fanout<K>,
     on_delete: impl Fn(&K) + Send + 'static,
     stop: CancellationToken,
 ) -> JoinHandle<()>
@@ -493,17 +530,14 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     tokio::spawn(async move {
-        let mut events = pin!(
-            watcher(api, config)
-                .default_backoff()
-                .reflect_shared(writer)
-        );
+        let mut events = pin!(watcher(api, config).default_backoff().reflect(writer));
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 event = events.next() => match event {
+                    Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => fanout.send(obj),
                     Some(Ok(watcher::Event::Delete(obj))) => on_delete(&obj),
-                    Some(Ok(_)) => {}
+                    Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
                     Some(Err(error)) => tracing::warn!(%error, kind = %K::kind(&K::DynamicType::default()), "watch error; retrying"),
                     None => return,
                 },
