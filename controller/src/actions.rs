@@ -2,8 +2,9 @@
 //! its proxy and CA settings, a cache keyed by what the client was built from, and a deadline plus a metric on
 //! every call.
 //!
-//! The credentials Secret is read (uncached, as ARC does: Secrets are not watched) every time a client is
-//! needed, so a rotated Secret takes effect on the next call without restarting anything (beyond-ARC item 14).
+//! The credentials Secret is read directly (Secrets are not watched, as in ARC) when a client is needed, reusing a
+//! read for at most two seconds, so a rotated Secret takes effect within seconds without restarting anything
+//! (beyond-ARC item 14).
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -84,7 +85,14 @@ pub struct ActionsClients {
     version: String,
     metrics: Arc<Metrics>,
     cache: Mutex<HashMap<CacheKey, (u64, ActionsClient)>>,
+    /// Credentials Secrets read in the last [`CREDENTIALS_FRESHNESS`], by namespace and name.
+    secrets: Mutex<HashMap<(String, String), (std::time::Instant, Secret)>>,
 }
+
+/// How long a credentials Secret read is reused. Every runner needs a client twice (registration and removal),
+/// so a burst of 500 runners read the same Secret about a thousand times in a few seconds; a rotation still
+/// takes effect within this long.
+const CREDENTIALS_FRESHNESS: Duration = Duration::from_secs(2);
 
 /// Everything a client is built from, read from the cluster.
 struct Materials {
@@ -131,6 +139,7 @@ impl ActionsClients {
             version,
             metrics,
             cache: Mutex::new(HashMap::new()),
+            secrets: Mutex::new(HashMap::new()),
         }
     }
 
@@ -213,13 +222,44 @@ impl ActionsClients {
         ActionsClient::new(config, &credentials, options).map_err(build_error)
     }
 
+    /// The credentials Secret, read at most every [`CREDENTIALS_FRESHNESS`]; a missing one is never remembered.
+    async fn credentials_secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>> {
+        let key = (namespace.to_owned(), name.to_owned());
+        let fresh = self
+            .secrets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .filter(|(read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS)
+            .map(|(_, secret)| secret.clone());
+        if let Some(secret) = fresh {
+            return Ok(Some(secret));
+        }
+        let secret = read_secret(&self.kube, namespace, name).await?;
+        let mut secrets = self
+            .secrets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        secrets.retain(|_, (read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS);
+        match &secret {
+            Some(found) => {
+                secrets.insert(key, (std::time::Instant::now(), found.clone()));
+            }
+            None => {
+                secrets.remove(&key);
+            }
+        }
+        Ok(secret)
+    }
+
     async fn read_materials(&self, source: &ClientSource<'_>) -> Result<Materials> {
         if let Some(vault) = source.vault.filter(|vault| !vault.type_.is_empty()) {
             return Err(Error::UnsupportedVault {
                 vault_type: vault.type_.clone(),
             });
         }
-        let secret = read_secret(&self.kube, source.namespace, source.github_config_secret)
+        let secret = self
+            .credentials_secret(source.namespace, source.github_config_secret)
             .await?
             .ok_or_else(|| Error::CredentialsSecretMissing {
                 namespace: source.namespace.to_owned(),

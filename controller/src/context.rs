@@ -274,6 +274,9 @@ pub struct RunnerMemory {
     /// Runners whose finalizers this process removed, with when: the deletion of their pod and Secret wakes them
     /// once more while the cache still shows them with finalizers, which would repeat every delete and patch.
     finalized: Mutex<HashMap<String, Instant>>,
+    /// Writes done recently, by object uid and what: the next pass may run before the cache shows their effect
+    /// (the pod just created, the runner just deleted) and would repeat them.
+    recent_writes: Mutex<HashMap<(String, &'static str), Instant>>,
 }
 
 /// How long a deregistration is remembered: far longer than a cache lags, short enough to stay small.
@@ -321,6 +324,20 @@ impl RunnerMemory {
         let mut removed = lock(&self.deregistered);
         removed.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
         removed.insert((uid.to_owned(), runner_id), Instant::now());
+    }
+
+    /// Records that write `what` on object `uid` went through.
+    pub fn wrote(&self, uid: &str, what: &'static str) {
+        let mut writes = lock(&self.recent_writes);
+        writes.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
+        writes.insert((uid.to_owned(), what), Instant::now());
+    }
+
+    /// Whether write `what` on object `uid` went through less than `within` ago.
+    pub fn wrote_within(&self, uid: &str, what: &'static str, within: Duration) -> bool {
+        lock(&self.recent_writes)
+            .get(&(uid.to_owned(), what))
+            .is_some_and(|at| at.elapsed() < within)
     }
 
     /// Records that the finalizers of runner `uid` were removed.
@@ -419,6 +436,16 @@ mod tests {
         // Forgetting a runner keeps it: a finalizer may run once more on a stale cache.
         memory.forget("u");
         assert!(memory.was_deregistered("u", 7));
+    }
+
+    #[test]
+    fn recent_writes_are_remembered_by_object_and_kind() {
+        let memory = RunnerMemory::default();
+        memory.wrote("u", "create-pod");
+        assert!(memory.wrote_within("u", "create-pod", Duration::from_secs(5)));
+        assert!(!memory.wrote_within("u", "delete-self", Duration::from_secs(5)));
+        assert!(!memory.wrote_within("v", "create-pod", Duration::from_secs(5)));
+        assert!(!memory.wrote_within("u", "create-pod", Duration::ZERO));
     }
 
     #[test]

@@ -55,6 +55,13 @@ const KIND: &str = "EphemeralRunner";
 pub const POD_REJECTED_REASON: &str = "PodCreationRejected";
 /// Short delay while waiting for the cache to catch up with a write of ours.
 const CACHE_WAIT: Duration = Duration::from_secs(1);
+/// How long a write this process made is trusted to be on its way into the cache (watch events normally take
+/// milliseconds; seconds under a burst), so the next pass does not repeat it.
+const STALE_CACHE_WINDOW: Duration = Duration::from_secs(5);
+/// [`RunnerMemory::wrote`] keys.
+const WROTE_POD: &str = "create-pod";
+const WROTE_DELETE: &str = "delete-self";
+const WROTE_JOB_METADATA: &str = "job-metadata";
 /// How long a runner whose finalizers this process removed is left alone: its cache entry may still show them.
 const STALE_FINALIZE_WINDOW: Duration = Duration::from_secs(30);
 
@@ -73,19 +80,43 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     if retries_exhausted(step.failures(), ctx.options.runner.max_pod_failures) {
         return step.give_up().await;
     }
-    let identity = match step.ensure_jit_secret().await? {
-        Jit::Ready(identity) => identity,
-        Jit::Wait(action) => return Ok(action),
-    };
-    step.record_identity(&identity).await?;
-    if let Some(wait) = step.pod_backoff() {
-        return Ok(Action::requeue(wait));
-    }
     let cached = ctx
         .stores
         .pods
         .get(&ObjectRef::new(&step.name).within(&step.namespace));
+    // Once its pod has started, the runner has consumed the Secret and the identity the status recorded is the
+    // Secret's (both change only together, the Secret first): no need to read the Secret on every pass, which
+    // was most of the manager's API reads. A pod not started yet still has it checked (a corrupt one is
+    // replaced before the runner chokes on it).
+    let started = cached.as_ref().is_some_and(|pod| {
+        pod.status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref())
+            .is_some_and(|phase| matches!(phase, "Running" | "Succeeded" | "Failed"))
+    });
+    let recorded = started.then(|| step.recorded_identity()).flatten();
+    let identity = match recorded {
+        Some(identity) => identity,
+        None => {
+            let identity = match step.ensure_jit_secret().await? {
+                Jit::Ready(identity) => identity,
+                Jit::Wait(action) => return Ok(action),
+            };
+            step.record_identity(&identity).await?;
+            identity
+        }
+    };
+    if let Some(wait) = step.pod_backoff() {
+        return Ok(Action::requeue(wait));
+    }
     match cached {
+        // Created a moment ago; its watch event (which brings us back) has not reached the cache yet.
+        None if ctx
+            .runner_memory
+            .wrote_within(&step.uid, WROTE_POD, STALE_CACHE_WINDOW) =>
+        {
+            Ok(Action::requeue(CACHE_WAIT))
+        }
         None => step.create_pod(&identity).await,
         Some(pod) => step.handle_pod(&pod, &identity).await,
     }
@@ -194,9 +225,17 @@ impl<'a> Step<'a> {
     }
 
     async fn delete_self(&self) -> Result<()> {
-        delete_if_present(&self.api, &self.name, &self.namespace, KIND)
-            .await
-            .map(drop)
+        if self
+            .ctx
+            .runner_memory
+            .wrote_within(&self.uid, WROTE_DELETE, STALE_CACHE_WINDOW)
+        {
+            // Asked already; the cache has not shown the deletion yet.
+            return Ok(());
+        }
+        delete_if_present(&self.api, &self.name, &self.namespace, KIND).await?;
+        self.ctx.runner_memory.wrote(&self.uid, WROTE_DELETE);
+        Ok(())
     }
 
     /// Adds whichever of the two finalizers is missing (both in one patch, unlike ARC).
@@ -315,6 +354,15 @@ impl<'a> Step<'a> {
         Ok(Jit::Wait(Action::await_change()))
     }
 
+    /// The identity recorded in the status, once there is one.
+    fn recorded_identity(&self) -> Option<JitIdentity> {
+        let status = self.status();
+        (status.runner_id != 0 && !status.runner_name.is_empty()).then(|| JitIdentity {
+            runner_id: status.runner_id,
+            runner_name: status.runner_name,
+        })
+    }
+
     async fn record_identity(&self, identity: &JitIdentity) -> Result<()> {
         let status = self.status();
         if status.runner_id == identity.runner_id && status.runner_name == identity.runner_name {
@@ -384,6 +432,7 @@ impl<'a> Step<'a> {
         };
         match self.pods.create(&PostParams::default(), &pod).await {
             Ok(_) => {
+                self.ctx.runner_memory.wrote(&self.uid, WROTE_POD);
                 if self.status().reason == POD_REJECTED_REASON {
                     self.patch_status(json!({ "reason": null, "message": null }))
                         .await?;
@@ -499,8 +548,14 @@ impl<'a> Step<'a> {
         }
         if let Some(metadata) = job_metadata(&status)
             && !metadata.is_on(pod)
+            && !self.ctx.runner_memory.wrote_within(
+                &pod_uid,
+                WROTE_JOB_METADATA,
+                STALE_CACHE_WINDOW,
+            )
         {
             self.apply_job_metadata(&metadata).await?;
+            self.ctx.runner_memory.wrote(&pod_uid, WROTE_JOB_METADATA);
         }
         match judge_pod(pod) {
             PodVerdict::Wait => Ok(Action::requeue(self.ctx.options.resync_interval)),
@@ -760,7 +815,12 @@ impl<'a> Step<'a> {
     /// lookup by name (a crash between registering and recording).
     async fn deregister(&self) -> Result<Removal> {
         let mut runner_id = self.status().runner_id;
-        if runner_id != 0 && self.ctx.runner_memory.was_deregistered(&self.uid, runner_id) {
+        if runner_id != 0
+            && self
+                .ctx
+                .runner_memory
+                .was_deregistered(&self.uid, runner_id)
+        {
             return Ok(Removal::Removed);
         }
         if runner_id == 0

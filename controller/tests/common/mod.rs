@@ -260,6 +260,11 @@ impl Env {
 
     /// The stand-in kubelet: the runner container runs and the pod is Ready.
     pub async fn run_pod(&self, name: &str) {
+        // The runner records its registration a moment before it creates its pod.
+        self.eventually("the runner's pod", || async {
+            self.pods_api().get_opt(name).await.expect("get pod")
+        })
+        .await;
         let now = serde_json::to_value(Time(Timestamp::now())).expect("time");
         let status = json!({
             "status": {
