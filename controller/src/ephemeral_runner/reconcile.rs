@@ -357,7 +357,7 @@ impl<'a> Step<'a> {
     /// The identity recorded in the status, once there is one.
     fn recorded_identity(&self) -> Option<JitIdentity> {
         let status = self.status();
-        (status.runner_id != 0 && !status.runner_name.is_empty()).then(|| JitIdentity {
+        (status.runner_id != 0 && !status.runner_name.is_empty()).then_some(JitIdentity {
             runner_id: status.runner_id,
             runner_name: status.runner_name,
         })
