@@ -9,6 +9,7 @@
 //!
 //! The suites are in `tests/`; the demo is `cargo run -p e2e --bin demo` (see `docs/demo.md`).
 
+pub mod bench;
 pub mod chaos;
 pub mod checks;
 pub mod simulator;

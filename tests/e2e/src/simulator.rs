@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crds::constants::{
     EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE, RUNNER_CONTAINER_NAME,
@@ -118,6 +118,15 @@ pub struct PodRecord {
     pub runner_id: Option<i64>,
     /// Job request id, once the runner started a job.
     pub job: Option<i64>,
+    /// When the simulator first saw the pod.
+    #[serde(skip)]
+    pub seen_at: Option<Instant>,
+    /// When the runner reported its job finished to the fake.
+    #[serde(skip)]
+    pub job_finished_at: Option<Instant>,
+    /// When the simulator saw the pod deleted.
+    #[serde(skip)]
+    pub deleted_at: Option<Instant>,
 }
 
 /// Counts over everything the simulator has seen, for assertions and the demo.
@@ -333,6 +342,9 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
                 stage: PodStage::Pending,
                 runner_id: None,
                 job: None,
+                seen_at: Some(Instant::now()),
+                job_finished_at: None,
+                deleted_at: None,
             },
         );
     }
@@ -363,7 +375,11 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
 
 fn on_delete(shared: &Shared, pod: &Pod) {
     let uid = pod.uid().unwrap_or_default();
-    if let Some(token) = shared.book().running.get(&uid) {
+    let mut book = shared.book();
+    if let Some(record) = book.pods.get_mut(&uid) {
+        record.deleted_at.get_or_insert_with(Instant::now);
+    }
+    if let Some(token) = book.running.get(&uid) {
         token.cancel();
     }
 }
@@ -482,6 +498,7 @@ impl PodRunner {
                     .is_ok()
                 {
                     self.shared.book().jobs_finished += 1;
+                    self.record(|record| record.job_finished_at = Some(Instant::now()));
                 }
                 self.job = None;
                 return self.config.exit_code;

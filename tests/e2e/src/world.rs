@@ -3,7 +3,7 @@
 //! and the objects a default `helm template` of the scale-set chart renders, created as Helm would create them.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostP
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
+use test_harness::process::Supervised;
 use test_harness::{ListenerExecutor, TestContext};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +47,12 @@ pub struct WorldConfig {
     /// The fake's configuration.
     pub fake: fake_actions_service::Config,
     /// Adjusts the manager's options after the world's defaults (short delays, this world's namespaces).
+    /// In-process only: the manager binary gets its flags (see [`World::manager_args`]).
     pub tune: fn(&mut Options),
+    /// Run the real `manager` binary as a child process, with the flags a Deployment would pass and its
+    /// production timings, instead of the manager in this process with short test delays. The benchmark uses
+    /// it to measure the manager's memory on its own.
+    pub manager_process: bool,
 }
 
 impl Default for WorldConfig {
@@ -62,14 +68,23 @@ impl Default for WorldConfig {
                 ..fake_actions_service::Config::default()
             },
             tune: |_| {},
+            manager_process: false,
         }
     }
 }
 
-/// The manager running in this process.
-struct RunningManager {
-    shutdown: CancellationToken,
-    task: JoinHandle<controller::Result<()>>,
+/// The running manager.
+enum RunningManager {
+    /// In this process.
+    Task {
+        shutdown: CancellationToken,
+        task: JoinHandle<controller::Result<()>>,
+    },
+    /// The `manager` binary as a child process.
+    Process {
+        process: Supervised,
+        metrics_url: String,
+    },
 }
 
 /// Everything one scale set needs, running.
@@ -85,6 +100,12 @@ pub struct World {
     pub simulator: Simulator,
     executor: Option<ListenerExecutor>,
     manager: Mutex<Option<RunningManager>>,
+    /// Why the last [`World::start_manager`] failed.
+    manager_start_error: Mutex<Option<String>>,
+    /// The manager binary, when it runs as a process.
+    manager_binary: Option<PathBuf>,
+    /// Where the manager process keeps its kubeconfig and log.
+    manager_dir: tempfile::TempDir,
     tune: fn(&mut Options),
     enqueued: Mutex<Vec<i64>>,
 }
@@ -124,6 +145,20 @@ impl World {
         let config_url = format!("{}/{ORGANIZATION}", fake.base_url());
 
         let binary = listener_binary()?;
+        let manager_binary = if config.manager_process {
+            Some(uplifted_binary("controller", "manager")?)
+        } else {
+            None
+        };
+        let manager_dir = tempfile::Builder::new()
+            .prefix("arc-rs-e2e-manager-")
+            .tempdir()
+            .map_err(|e| Error::ControlPlane(format!("creating the manager's directory: {e}")))?;
+        let mut manager_dir = manager_dir;
+        if config.manager_process && test_harness::keep_logs() {
+            manager_dir.disable_cleanup(true);
+            eprintln!("manager log kept in {}", manager_dir.path().display());
+        }
         let executor = ListenerExecutor::start(
             ctx.control_plane,
             ctx.client.clone(),
@@ -153,10 +188,13 @@ impl World {
             simulator,
             executor: Some(executor),
             manager: Mutex::new(None),
+            manager_start_error: Mutex::default(),
+            manager_binary,
+            manager_dir,
             tune: config.tune,
             enqueued: Mutex::default(),
         };
-        world.start_manager();
+        world.try_start_manager()?;
         world.install().await?;
         Ok(world)
     }
@@ -178,7 +216,9 @@ impl World {
             // from its build (ARC's rule), so the build version is the one the chart rendered.
             build_version: self.chart_version(),
             actions_call_timeout: Duration::from_secs(10),
-            resync_interval: Duration::from_secs(5),
+            // The production resync: a short one would hide a missed watch event (a lost trigger then only
+            // costs a few seconds), which is exactly what these suites must catch.
+            resync_interval: Options::default().resync_interval,
             error_backoff_min: Duration::from_millis(200),
             error_backoff_max: Duration::from_secs(2),
             scale_set_check_interval: Duration::from_secs(5),
@@ -207,16 +247,132 @@ impl World {
             .to_owned()
     }
 
-    /// Starts the manager in-process (a no-op when it runs).
+    /// Starts the manager, in-process or as a process (a no-op when it runs). A process that cannot be
+    /// started is reported by [`World::manager_exit`].
     pub fn start_manager(&self) {
+        if let Err(error) = self.try_start_manager() {
+            *self
+                .manager_start_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+        }
+    }
+
+    /// Starts the manager, in-process or as a process (a no-op when it runs).
+    pub fn try_start_manager(&self) -> Result<()> {
         let mut slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_some() {
-            return;
+            return Ok(());
         }
-        let shutdown = CancellationToken::new();
-        let manager = Manager::new(self.client(), self.options());
-        let task = tokio::spawn(manager.run(shutdown.clone()));
-        *slot = Some(RunningManager { shutdown, task });
+        *slot = Some(match &self.manager_binary {
+            None => {
+                let shutdown = CancellationToken::new();
+                let manager = Manager::new(self.client(), self.options());
+                let task = tokio::spawn(manager.run(shutdown.clone()));
+                RunningManager::Task { shutdown, task }
+            }
+            Some(binary) => self.spawn_manager(binary)?,
+        });
+        Ok(())
+    }
+
+    /// The flags the manager binary gets: what the controller chart renders for this world (namespaces, log
+    /// settings, listener metrics), with every timing left at its production default.
+    pub fn manager_args(&self, metrics_port: u16) -> Vec<String> {
+        [
+            "--log-level=info".to_owned(),
+            "--log-format=text".to_owned(),
+            format!("--watch-namespace={}", self.ctx.namespace),
+            format!("--metrics-addr=127.0.0.1:{metrics_port}"),
+            "--listener-metrics-addr=:8080".to_owned(),
+            "--listener-metrics-endpoint=/metrics".to_owned(),
+        ]
+        .into_iter()
+        // Extra flags for experiments (`ARC_RS_MANAGER_ARGS="--kube-api-qps=1000"`), appended so they win.
+        .chain(
+            std::env::var("ARC_RS_MANAGER_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned),
+        )
+        .collect()
+    }
+
+    fn spawn_manager(&self, binary: &Path) -> Result<RunningManager> {
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            Error::Manager(format!("starting the manager process: {what}: {e}"))
+        };
+        let control_plane = self.ctx.control_plane;
+        let port = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| failed("a free port", &e))?
+            .port();
+        let mut args: Vec<String> = vec!["-i".to_owned()];
+        for inherited in ["PATH", "HOME", "RUST_BACKTRACE"] {
+            if let Ok(value) = std::env::var(inherited) {
+                args.push(format!("{inherited}={value}"));
+            }
+        }
+        args.extend([
+            format!("KUBECONFIG={}", control_plane.kubeconfig_path().display()),
+            format!(
+                "CONTROLLER_MANAGER_POD_NAMESPACE={}",
+                self.controller_namespace
+            ),
+            "CONTROLLER_MANAGER_CONTAINER_IMAGE=ghcr.io/arc-rs/arc-rs:e2e".to_owned(),
+            binary.display().to_string(),
+        ]);
+        args.extend(self.manager_args(port));
+        let process = Supervised::spawn(
+            "manager",
+            Path::new("env"),
+            &args,
+            &self.manager_dir.path().join("manager.log"),
+        )
+        .map_err(|e| failed("spawn", &e))?;
+        Ok(RunningManager::Process {
+            process,
+            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+        })
+    }
+
+    /// The manager process's id (`None` when the manager runs in this process, or not at all).
+    pub fn manager_pid(&self) -> Option<u32> {
+        match self
+            .manager
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()?
+        {
+            RunningManager::Process { process, .. } => process.pid(),
+            RunningManager::Task { .. } => None,
+        }
+    }
+
+    /// The manager process's metrics URL.
+    pub fn manager_metrics_url(&self) -> Option<String> {
+        match self
+            .manager
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()?
+        {
+            RunningManager::Process { metrics_url, .. } => Some(metrics_url.clone()),
+            RunningManager::Task { .. } => None,
+        }
+    }
+
+    /// The end of the manager process's log.
+    pub fn manager_log(&self, max: u64) -> Option<String> {
+        match self
+            .manager
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()?
+        {
+            RunningManager::Process { process, .. } => Some(process.log_tail(max)),
+            RunningManager::Task { .. } => None,
+        }
     }
 
     /// Stops the manager: gracefully (in-flight reconciles finish), or `kill`ed as if the process died.
@@ -226,28 +382,57 @@ impl World {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        let Some(running) = running else {
-            return Ok(());
-        };
-        if kill {
-            running.task.abort();
-            let _ = running.task.await;
-            return Ok(());
-        }
-        running.shutdown.cancel();
-        match running.task.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(Error::Manager(error.to_string())),
-            Err(join) => Err(Error::Manager(join.to_string())),
+        match running {
+            None => Ok(()),
+            Some(RunningManager::Task { task, .. }) if kill => {
+                task.abort();
+                let _ = task.await;
+                Ok(())
+            }
+            Some(RunningManager::Task { shutdown, task }) => {
+                shutdown.cancel();
+                match task.await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(error)) => Err(Error::Manager(error.to_string())),
+                    Err(join) => Err(Error::Manager(join.to_string())),
+                }
+            }
+            Some(RunningManager::Process { mut process, .. }) => {
+                if kill {
+                    process
+                        .kill()
+                        .map_err(|e| Error::Manager(format!("killing the manager: {e}")))?;
+                }
+                // SIGTERM (a no-op after the kill), then wait, off the async threads.
+                tokio::task::spawn_blocking(move || process.stop())
+                    .await
+                    .map_err(|e| Error::Manager(e.to_string()))
+            }
         }
     }
 
-    /// Whether the manager task ended by itself (it should not), and how.
+    /// Whether the manager ended by itself (it should not), and how.
     pub fn manager_exit(&self) -> Option<String> {
-        let slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
-        slot.as_ref()
-            .filter(|running| running.task.is_finished())
-            .map(|_| "the manager task ended".to_owned())
+        if let Some(error) = self
+            .manager_start_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Some(error);
+        }
+        let mut slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.as_mut()? {
+            RunningManager::Task { task, .. } => task
+                .is_finished()
+                .then(|| "the manager task ended".to_owned()),
+            RunningManager::Process { process, .. } => process.exited().map(|status| {
+                format!(
+                    "the manager process exited ({status}); its log ends with:\n{}",
+                    process.log_tail(4000)
+                )
+            }),
+        }
     }
 
     /// Creates the rendered objects, as `helm install` would.
@@ -620,6 +805,19 @@ impl World {
             .unwrap_or_default()
     }
 
+    /// Process ids of the listener processes running now.
+    pub async fn listener_pids(&self) -> Result<Vec<u32>> {
+        let Some(executor) = self.executor.as_ref() else {
+            return Ok(Vec::new());
+        };
+        Ok(self
+            .listener_pods()
+            .await?
+            .iter()
+            .filter_map(|pod| executor.pid(&self.controller_namespace, &pod.name_any()))
+            .collect())
+    }
+
     /// Problems the listener executor met.
     pub fn executor_errors(&self) -> Vec<String> {
         self.executor
@@ -649,11 +847,16 @@ impl World {
                 reason: "no running listener pod".to_owned(),
             })?;
         let name = pod.name_any();
-        kill_listener_process(
-            &self.controller_namespace,
-            &name,
-            &pod.uid().unwrap_or_default(),
-        )?;
+        let executor = self.executor.as_ref().ok_or_else(|| Error::KillListener {
+            pod: name.clone(),
+            reason: "the executor is stopped".to_owned(),
+        })?;
+        executor
+            .kill(&self.controller_namespace, &name)
+            .map_err(|e| Error::KillListener {
+                pod: name.clone(),
+                reason: e.to_string(),
+            })?;
         Ok(name)
     }
 
@@ -669,23 +872,28 @@ impl World {
     }
 }
 
-/// The listener binary. `workspace_binary` builds the whole workspace, tests included, and may name the test
-/// build of the `listener` binary (`deps/listener-HASH`, a libtest harness that exits 0 at once); the real binary
-/// is then the uplifted one beside `deps/`.
-fn listener_binary() -> Result<std::path::PathBuf> {
-    let path = test_harness::workspace_binary("listener", "listener")?;
-    if path.file_name().is_some_and(|name| name == "listener") {
+/// The listener binary.
+fn listener_binary() -> Result<PathBuf> {
+    uplifted_binary("listener", "listener")
+}
+
+/// A workspace binary. `workspace_binary` builds the whole workspace, tests included, and may name the test
+/// build of a binary (`deps/NAME-HASH`, a libtest harness that exits 0 at once); the real binary is then the
+/// uplifted one beside `deps/`.
+fn uplifted_binary(package: &str, bin: &str) -> Result<PathBuf> {
+    let path = test_harness::workspace_binary(package, bin)?;
+    if path.file_name().is_some_and(|name| name == bin) {
         return Ok(path);
     }
     let uplifted = path
         .parent()
         .filter(|dir| dir.file_name().is_some_and(|name| name == "deps"))
         .and_then(Path::parent)
-        .map(|dir| dir.join("listener"))
+        .map(|dir| dir.join(bin))
         .filter(|candidate| candidate.is_file());
     uplifted.ok_or_else(|| {
         Error::ControlPlane(format!(
-            "the listener binary: workspace_binary returned {}, which is not the listener",
+            "the {bin} binary: workspace_binary returned {}, which is not it",
             path.display()
         ))
     })
@@ -731,40 +939,4 @@ fn describe(object: &Value) -> String {
         object["kind"].as_str().unwrap_or("?"),
         object["metadata"]["name"].as_str().unwrap_or("?")
     )
-}
-
-/// Finds the listener process of a pod by the config path the executor gives it (its private directory is named
-/// `{namespace}--{pod}--{uid}`) and sends it SIGKILL. Only processes this test process started carry that path.
-fn kill_listener_process(namespace: &str, pod: &str, uid: &str) -> Result<()> {
-    let error = |reason: String| Error::KillListener {
-        pod: pod.to_owned(),
-        reason,
-    };
-    let marker = format!("/{namespace}--{pod}--{uid}/");
-    let entries = std::fs::read_dir("/proc").map_err(|e| error(e.to_string()))?;
-    let pid = entries
-        .filter_map(|entry| entry.ok())
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read(Path::new("/proc").join(pid.to_string()).join("environ"))
-                .map(|environ| {
-                    environ
-                        .split(|b| *b == 0)
-                        .filter_map(|var| std::str::from_utf8(var).ok())
-                        .any(|var| {
-                            var.starts_with("LISTENER_CONFIG_PATH=") && var.contains(&marker)
-                        })
-                })
-                .unwrap_or(false)
-        })
-        .ok_or_else(|| error(format!("no process with {marker} in LISTENER_CONFIG_PATH")))?;
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .map_err(|e| error(e.to_string()))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(error(format!("kill -KILL {pid} failed: {status}")))
-    }
 }

@@ -32,9 +32,12 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
         "--workspace",
         "--lib",
         "--bins",
-        "--tests",
     ]);
-    if !cfg!(debug_assertions) {
+    // A release caller is a benchmark (`cargo build --release --workspace --lib --bins` first makes this a
+    // no-op); only debug callers are tests, whose `cargo test` also built the test targets.
+    if cfg!(debug_assertions) {
+        cmd.arg("--tests");
+    } else {
         cmd.arg("--release");
     }
     let output = cmd.output().map_err(|source| Error::StartProcess {

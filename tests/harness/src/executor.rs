@@ -104,6 +104,12 @@ impl ListenerExecutor {
             .prefix("arc-rs-listener-executor-")
             .tempdir()
             .map_err(crate::Error::CreateTempDir)?;
+        let mut dir = dir;
+        if crate::keep_logs() {
+            // The listeners' logs outlive the run for a look afterwards.
+            dir.disable_cleanup(true);
+            eprintln!("listener logs kept in {}", dir.path().display());
+        }
         let table: Table = Arc::default();
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let runner = Runner {
@@ -147,6 +153,28 @@ impl ListenerExecutor {
             .collect();
         names.sort();
         names
+    }
+
+    /// The process id of the listener of a pod, while it runs.
+    pub fn pid(&self, namespace: &str, pod: &str) -> Option<u32> {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .get_mut(&(namespace.to_owned(), pod.to_owned()))
+            .and_then(|r| r.process.exited().is_none().then_some(r))
+            .and_then(|r| r.process.pid())
+    }
+
+    /// Kills the listener of a pod with SIGKILL, as an OOM kill would; its pod then turns Failed (exit 137) and
+    /// its controller has to replace it.
+    pub fn kill(&self, namespace: &str, pod: &str) -> Result<(), crate::Error> {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        match table.get_mut(&(namespace.to_owned(), pod.to_owned())) {
+            Some(running) => running.process.kill(),
+            None => Err(crate::Error::KillProcess {
+                name: format!("listener {namespace}/{pod}"),
+                reason: "the executor runs no process for that pod".to_owned(),
+            }),
+        }
     }
 
     /// Problems the executor met (a pod it could not start), for test assertions and diagnostics.
@@ -426,7 +454,6 @@ impl Runner {
                 .filter(|(_, r)| !r.reported_exit)
                 .filter_map(|(key, r)| {
                     r.process.exited().map(|status| {
-                        r.reported_exit = true;
                         let code = status.code().unwrap_or(137);
                         (key.clone(), code, r.process.log_tail(400))
                     })
@@ -434,7 +461,17 @@ impl Runner {
                 .collect()
         };
         for ((ns, name), code, tail) in exited {
-            let _ = self.set_terminated(&ns, &name, code, &tail).await;
+            // Only a status the API server took counts as reported: an exit while it is down (a chaos run
+            // restarts it) is reported again on the next tick, as a kubelet would keep trying.
+            if self.set_terminated(&ns, &name, code, &tail).await.is_ok()
+                && let Some(running) = self
+                    .table
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(&(ns, name))
+            {
+                running.reported_exit = true;
+            }
         }
     }
 

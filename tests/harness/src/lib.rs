@@ -28,6 +28,11 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
+/// Whether `ARC_RS_KEEP_CONTROL_PLANE=1` asks to keep the control plane's directory and every process's log.
+pub fn keep_logs() -> bool {
+    std::env::var("ARC_RS_KEEP_CONTROL_PLANE").is_ok_and(|v| v == "1")
+}
+
 pub use assets::{K8S_VERSION, PROVISION_COMMAND, assets_dir, binary};
 pub use binaries::workspace_binary;
 pub use control_plane::{ApiServerRestart, ControlPlane};
@@ -61,6 +66,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("killing {name}: {reason}")]
+    KillProcess { name: String, reason: String },
     #[error("{component} did not become ready ({detail}); end of its log:\n{log_tail}")]
     NotReady {
         component: String,

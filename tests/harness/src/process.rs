@@ -19,6 +19,7 @@ log="$1"; shift
 exec 3<&0
 "$@" </dev/null 3<&- >>"$log" 2>&1 &
 pid=$!
+echo "$pid" >"$log.pid"
 # EOF on the lifeline: the test process is gone, or asked us to stop the server.
 ( cat <&3 >/dev/null; kill -TERM "$pid" 2>/dev/null; sleep 5; kill -KILL "$pid" 2>/dev/null ) &
 exec 3<&-
@@ -83,6 +84,45 @@ impl Supervised {
         &self.name
     }
 
+    /// The server's process id (the watchdog's child), once the watchdog has recorded it.
+    pub fn pid(&self) -> Option<u32> {
+        for _ in 0..50 {
+            if let Some(pid) = std::fs::read_to_string(pid_file(&self.log))
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+            {
+                return Some(pid);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Kills the server with SIGKILL, as the OOM killer or a node failure would; the watchdog then exits with
+    /// the server's status.
+    pub fn kill(&mut self) -> Result<(), Error> {
+        let name = self.name.clone();
+        let error = |reason: String| Error::KillProcess {
+            name: name.clone(),
+            reason,
+        };
+        let pid = self
+            .pid()
+            .ok_or_else(|| error("its process id was never recorded".to_owned()))?;
+        if self.exited().is_some() {
+            return Err(error("it has already exited".to_owned()));
+        }
+        let status = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .map_err(|e| error(e.to_string()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(error(format!("kill -KILL {pid}: {status}")))
+        }
+    }
+
     /// Stops the server and waits (bounded) for it to exit.
     pub fn stop(&mut self) {
         self.lifeline.take();
@@ -101,6 +141,13 @@ impl Drop for Supervised {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Where the watchdog records the server's process id: beside its log.
+fn pid_file(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".pid");
+    PathBuf::from(name)
 }
 
 /// The last `max` bytes of a log, without the flag dump Kubernetes components print at start-up (it would

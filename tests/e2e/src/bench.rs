@@ -1,0 +1,702 @@
+//! The end-to-end benchmark behind `e2e-bench`: one scale set on this machine, the real `manager` binary as its
+//! own process (so its memory is its own), the real listener, simulated runners and the fake Actions Service.
+//!
+//! One run measures, for a queued burst of `jobs` jobs:
+//!
+//! * **burst → pods**: from enqueueing the burst until that many runner pods exist;
+//! * **finish → gone**: for every job, from the runner reporting it finished to its runner being gone (pod and
+//!   EphemeralRunner deleted; the service drops a JIT runner when its job completes), as p50/p95/p99;
+//! * **throughput**: jobs completed per second, over the whole run and over its steady middle (10th to 90th
+//!   percentile of completion times);
+//! * **peak RSS** (`VmHWM`) of the manager process and of the listener process;
+//! * **calls per job**: Actions Service and GitHub API requests from the fake's counters, and Kubernetes writes
+//!   from the API server's own `apiserver_request_total`;
+//! * **the physical baseline**: the same API server's raw write rate for the same kinds of objects
+//!   (EphemeralRunners, Secrets, Pods: create, then delete) from this process with 64 writers (the manager's
+//!   default runner concurrency), and the ratio of the measured throughput to the bound that rate sets.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crds::EphemeralRunner;
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::checks;
+use crate::simulator::SimulatorConfig;
+use crate::world::{World, WorldConfig};
+use crate::{Error, Result};
+
+/// Writers of the raw baseline: the manager's default EphemeralRunner concurrency.
+const BASELINE_WRITERS: usize = 64;
+/// How often the driver looks at the world.
+const TICK: Duration = Duration::from_millis(50);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Jobs in the burst.
+    pub jobs: u32,
+    /// How long each job runs.
+    pub job_duration: Duration,
+    /// Give up after this long.
+    pub timeout: Duration,
+    /// Objects of each kind the raw baseline writes (0: as many as there are jobs).
+    pub baseline_objects: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        Self {
+            jobs: 500,
+            job_duration: Duration::from_secs(1),
+            timeout: Duration::from_secs(900),
+            baseline_objects: 0,
+        }
+    }
+}
+
+/// Latency percentiles, in seconds.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Percentiles {
+    pub samples: usize,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples` (seconds).
+    pub fn of(mut samples: Vec<f64>) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        samples.sort_by(f64::total_cmp);
+        let rank = |p: f64| {
+            let index = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+            samples[index.clamp(1, samples.len()) - 1]
+        };
+        Self {
+            samples: samples.len(),
+            p50: rank(50.0),
+            p95: rank(95.0),
+            p99: rank(99.0),
+            max: samples[samples.len() - 1],
+        }
+    }
+}
+
+/// The raw write rate of the API server.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Baseline {
+    /// Objects of each kind (EphemeralRunner, Secret, Pod) created and deleted.
+    pub objects_per_kind: usize,
+    pub writers: usize,
+    pub writes: usize,
+    pub secs: f64,
+    pub writes_per_sec: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BenchReport {
+    pub jobs: u32,
+    pub job_duration_secs: f64,
+    pub completed: usize,
+    /// From enqueueing the burst until `jobs` runner pods existed.
+    pub burst_to_pods_secs: Option<f64>,
+    /// From a runner reporting its job finished until its pod and EphemeralRunner were deleted.
+    pub finish_to_gone: Percentiles,
+    /// From enqueueing the burst until the last job completed.
+    pub burst_to_last_completion_secs: f64,
+    /// From enqueueing until every runner was gone (the set back at zero).
+    pub burst_to_settled_secs: f64,
+    /// `jobs` over the burst-to-last-completion time.
+    pub jobs_per_sec: f64,
+    /// Jobs per second between the 10th and the 90th percentile of completion times.
+    pub sustained_jobs_per_sec: f64,
+    /// Most EphemeralRunners that existed at once.
+    pub peak_runners: usize,
+    pub manager_peak_rss_mib: f64,
+    pub listener_peak_rss_mib: f64,
+    /// Actions Service and GitHub API requests per job, message long-polls excluded.
+    pub actions_calls_per_job: f64,
+    /// Requests by endpoint over the run (long-polls included).
+    pub actions_calls: BTreeMap<String, u64>,
+    /// Kubernetes writes per job by the manager and the listener (pod status writes, which are the kubelet's,
+    /// and the control plane's own leases excluded).
+    pub kubernetes_writes_per_job: f64,
+    /// Kubernetes writes over the run, by `resource[/subresource] VERB` (all writers).
+    pub kubernetes_writes: BTreeMap<String, u64>,
+    /// GET and LIST requests per job (all clients but the simulated kubelet's and the control plane's; the
+    /// benchmark's own few looks included).
+    pub kubernetes_reads_per_job: f64,
+    /// Reads over the run, by `resource[/subresource] VERB`.
+    pub kubernetes_reads: BTreeMap<String, u64>,
+    /// Manager and listener writes per second over the run.
+    pub kubernetes_writes_per_sec: f64,
+    pub baseline: Baseline,
+    /// Jobs per second the raw write rate allows at the measured writes per job.
+    pub write_bound_jobs_per_sec: f64,
+    /// Measured throughput over that bound.
+    pub ratio_to_write_bound: f64,
+    /// Anything wrong: lost or twice-served jobs, simulator problems, timeouts.
+    pub problems: Vec<String>,
+}
+
+/// Runs the benchmark.
+pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
+    let world = World::start(
+        "bench",
+        WorldConfig {
+            release: "bench".to_owned(),
+            simulator: SimulatorConfig {
+                job_duration: config.job_duration,
+                ..SimulatorConfig::default()
+            },
+            manager_process: true,
+            ..WorldConfig::default()
+        },
+    )
+    .await?;
+    world.wait_listening(Duration::from_secs(120)).await?;
+    let runners = RunnerWatch::start(world.client(), world.namespace());
+    // Let the watch list before the burst.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let requests_before = apiserver_requests(&world.client()).await?;
+    world.fake.state().reset_counters();
+
+    let jobs = config.jobs as usize;
+    let started = Instant::now();
+    let ids = world.enqueue(config.jobs)?;
+    let mut report = BenchReport {
+        jobs: config.jobs,
+        job_duration_secs: config.job_duration.as_secs_f64(),
+        ..BenchReport::default()
+    };
+    let mut completion_times: Vec<f64> = Vec::with_capacity(jobs);
+    let mut completed_seen = 0;
+    let deadline = started + config.timeout;
+    loop {
+        let elapsed = started.elapsed().as_secs_f64();
+        if report.burst_to_pods_secs.is_none() && world.simulator.stats().pods >= jobs {
+            report.burst_to_pods_secs = Some(elapsed);
+        }
+        let snapshot = world.fake.state().snapshot();
+        let completed = crate::world::completed(&snapshot, &ids);
+        // Completions between two looks share the later time: the tick bounds the error.
+        completion_times.extend(std::iter::repeat_n(
+            elapsed,
+            completed.saturating_sub(completed_seen),
+        ));
+        completed_seen = completed_seen.max(completed);
+        if completed == jobs && runners.live() == 0 {
+            report.burst_to_settled_secs = elapsed;
+            break;
+        }
+        if let Some(exit) = world.manager_exit() {
+            report.problems.push(exit);
+            break;
+        }
+        if Instant::now() >= deadline {
+            report.problems.push(format!(
+                "timed out after {:?}: {completed} of {jobs} jobs completed, {} runners left; they are: {}",
+                config.timeout,
+                runners.live(),
+                describe_runners(&world).await
+            ));
+            break;
+        }
+        tokio::time::sleep(TICK).await;
+    }
+    let requests_after = apiserver_requests(&world.client()).await?;
+    report.completed = completed_seen;
+    report.burst_to_last_completion_secs = completion_times.last().copied().unwrap_or_default();
+    report.jobs_per_sec = completed_seen as f64 / report.burst_to_last_completion_secs.max(1e-3);
+    report.sustained_jobs_per_sec = sustained_rate(&completion_times);
+    report.peak_runners = runners.peak();
+    report.finish_to_gone = finish_to_gone(&world, &runners);
+
+    report.manager_peak_rss_mib = world.manager_pid().map_or(0.0, peak_rss_mib);
+    report.listener_peak_rss_mib = world
+        .listener_pids()
+        .await?
+        .into_iter()
+        .map(peak_rss_mib)
+        .fold(0.0, f64::max);
+
+    let counters = world.fake.state().counters();
+    let per_job = |n: u64| n as f64 / f64::from(config.jobs.max(1));
+    report.actions_calls_per_job = per_job(
+        counters
+            .iter()
+            .filter(|(endpoint, _)| endpoint.as_str() != "get_message")
+            .map(|(_, n)| n)
+            .sum(),
+    );
+    report.actions_calls = counters;
+    let requests = diff(&requests_before, &requests_after);
+    let (writes, reads): (BTreeMap<_, _>, BTreeMap<_, _>) = requests
+        .into_iter()
+        .partition(|(key, _)| is_write_verb(key.rsplit(' ').next().unwrap_or_default()));
+    report.kubernetes_reads_per_job = per_job(
+        reads
+            .iter()
+            .filter(|(key, _)| is_product_write(key))
+            .map(|(_, n)| n)
+            .sum(),
+    );
+    report.kubernetes_reads = reads;
+    report.kubernetes_writes = writes;
+    let product_writes: u64 = report
+        .kubernetes_writes
+        .iter()
+        .filter(|(key, _)| is_product_write(key))
+        .map(|(_, n)| n)
+        .sum();
+    report.kubernetes_writes_per_job = per_job(product_writes);
+    report.kubernetes_writes_per_sec =
+        product_writes as f64 / report.burst_to_settled_secs.max(1e-3);
+
+    report
+        .problems
+        .extend(checks::jobs_completed_exactly_once(&world, &ids, &[]));
+    report.problems.extend(world.simulator.problems());
+    runners.stop();
+
+    // The baseline runs alone: the manager and the listener stop first.
+    world.stop_manager(false).await?;
+    let objects = if config.baseline_objects == 0 {
+        jobs
+    } else {
+        config.baseline_objects
+    };
+    let namespace = test_harness::create_namespace(&world.client(), "bench-baseline").await?;
+    report.baseline = raw_write_rate(&world.client(), &namespace, objects).await?;
+    if report.kubernetes_writes_per_job > 0.0 {
+        report.write_bound_jobs_per_sec =
+            report.baseline.writes_per_sec / report.kubernetes_writes_per_job;
+        report.ratio_to_write_bound = report.jobs_per_sec / report.write_bound_jobs_per_sec;
+    }
+    world.shutdown().await?;
+    Ok(report)
+}
+
+/// The runners still there, counted by what each looks like to the controller, the pod and the service, for a
+/// run that did not finish.
+async fn describe_runners(world: &World) -> String {
+    let (Ok(runners), Ok(pods)) = (world.ephemeral_runners().await, world.runner_pods().await)
+    else {
+        return "(could not list them)".to_owned();
+    };
+    let snapshot = world.fake.state().snapshot();
+    let simulated: HashMap<String, String> = world
+        .simulator
+        .pods()
+        .into_iter()
+        .map(|pod| (pod.name, format!("{:?}", pod.stage)))
+        .collect();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for runner in &runners {
+        let name = runner.name_any();
+        let status = runner.status.clone().unwrap_or_default();
+        let pod = pods.iter().find(|p| p.name_any() == name);
+        let registered = snapshot.runners.iter().find(|r| r.id == status.runner_id);
+        let key = format!(
+            "er(phase={:?} deleting={} runnerId={} job={}) pod({}) simulator({}) service({})",
+            status.phase,
+            runner.metadata.deletion_timestamp.is_some(),
+            status.runner_id != 0,
+            status.job_request_id != 0,
+            pod.and_then(|p| p.status.as_ref()?.phase.clone())
+                .unwrap_or_else(|| "none".to_owned()),
+            simulated.get(&name).map_or("unseen", String::as_str),
+            registered.map_or_else(
+                || "unregistered".to_owned(),
+                |r| format!("online={} job={}", r.online, r.job_request_id.is_some())
+            ),
+        );
+        *kinds.entry(key).or_default() += 1;
+    }
+    format!("{kinds:?}")
+}
+
+/// Jobs per second between the 10th and the 90th percentile of `times` (sorted completion times, seconds).
+pub fn sustained_rate(times: &[f64]) -> f64 {
+    if times.len() < 10 {
+        return 0.0;
+    }
+    let low = times.len() / 10;
+    let high = times.len() * 9 / 10;
+    let window = times[high - 1] - times[low];
+    if window <= 0.0 {
+        // Every completion in the window fell into one tick: the rate is at least what one tick shows.
+        return (high - low) as f64 / TICK.as_secs_f64();
+    }
+    (high - 1 - low) as f64 / window
+}
+
+/// Per finished job: from the runner finishing it to its pod and EphemeralRunner both deleted.
+fn finish_to_gone(world: &World, runners: &RunnerWatch) -> Percentiles {
+    let deleted = runners.deleted();
+    let samples = world
+        .simulator
+        .pods()
+        .into_iter()
+        .filter_map(|pod| {
+            let finished = pod.job_finished_at?;
+            let pod_gone = pod.deleted_at?;
+            let runner_gone = *deleted.get(&pod.name)?;
+            Some(
+                pod_gone
+                    .max(runner_gone)
+                    .saturating_duration_since(finished)
+                    .as_secs_f64(),
+            )
+        })
+        .collect();
+    Percentiles::of(samples)
+}
+
+/// Whether a write counted by the API server is the manager's or the listener's: not the simulated kubelet's
+/// pod status writes, not the executor's token requests, not the control plane's own leases.
+pub fn is_product_write(key: &str) -> bool {
+    let resource = key.split(' ').next().unwrap_or_default();
+    !matches!(
+        resource,
+        "pods/status" | "serviceaccounts/token" | "leases" | "namespaces"
+    )
+}
+
+/// EphemeralRunners seen: when each was deleted, how many exist, and the most that existed at once.
+struct RunnerWatch {
+    state: Arc<Mutex<RunnerState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct RunnerState {
+    live: HashSet<String>,
+    peak: usize,
+    deleted: HashMap<String, Instant>,
+}
+
+impl RunnerWatch {
+    fn start(client: Client, namespace: &str) -> Self {
+        let state: Arc<Mutex<RunnerState>> = Arc::default();
+        let api: Api<EphemeralRunner> = Api::namespaced(client, namespace);
+        let shared = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default()).boxed();
+            while let Some(event) = events.next().await {
+                let mut state = shared.lock().unwrap_or_else(|p| p.into_inner());
+                match event {
+                    Ok(watcher::Event::Apply(er) | watcher::Event::InitApply(er)) => {
+                        state.live.insert(er.name_any());
+                        state.peak = state.peak.max(state.live.len());
+                    }
+                    Ok(watcher::Event::Delete(er)) => {
+                        let name = er.name_any();
+                        state.live.remove(&name);
+                        state.deleted.entry(name).or_insert_with(Instant::now);
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
+                }
+            }
+        });
+        Self { state, task }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunnerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live(&self) -> usize {
+        self.lock().live.len()
+    }
+
+    fn peak(&self) -> usize {
+        self.lock().peak
+    }
+
+    fn deleted(&self) -> HashMap<String, Instant> {
+        self.lock().deleted.clone()
+    }
+
+    fn stop(self) {
+        self.task.abort();
+    }
+}
+
+/// Peak resident set size (`VmHWM`) of a process, in MiB; 0 when unreadable.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| parse_vm_hwm_kib(&status))
+        .map_or(0.0, |kib| kib as f64 / 1024.0)
+}
+
+/// The `VmHWM` line of `/proc/PID/status`, in KiB.
+pub fn parse_vm_hwm_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// The API server's count of requests (watches aside), by `resource[/subresource] VERB`.
+async fn apiserver_requests(client: &Client) -> Result<BTreeMap<String, u64>> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| Error::Invariant(format!("building the /metrics request: {e}")))?;
+    let text = client.request_text(request).await?;
+    Ok(parse_requests(&text, true))
+}
+
+fn is_write_verb(verb: &str) -> bool {
+    matches!(
+        verb,
+        "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" | "DELETECOLLECTION"
+    )
+}
+
+/// Sums `apiserver_request_total` samples of write verbs by `resource[/subresource] VERB`.
+pub fn parse_writes(metrics: &str) -> BTreeMap<String, u64> {
+    parse_requests(metrics, false)
+}
+
+/// Sums `apiserver_request_total` samples by `resource[/subresource] VERB`, reads (GET, LIST) included when
+/// asked; watches are long-lived and not counted.
+pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u64> {
+    let mut writes = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if !include_reads && !is_write_verb(verb) {
+            continue;
+        }
+        if verb == "WATCH" {
+            continue;
+        }
+        let resource = match label("subresource") {
+            "" => label("resource").to_owned(),
+            sub => format!("{}/{sub}", label("resource")),
+        };
+        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        *writes.entry(format!("{resource} {verb}")).or_default() += count;
+    }
+    writes
+}
+
+fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let delta = n.saturating_sub(before.get(key).copied().unwrap_or(0));
+            (delta > 0).then(|| (key.clone(), delta))
+        })
+        .collect()
+}
+
+/// Creates `objects` EphemeralRunners, Secrets and Pods in `namespace`, then deletes them, with
+/// [`BASELINE_WRITERS`] concurrent writers; the rate is writes over the wall time.
+async fn raw_write_rate(client: &Client, namespace: &str, objects: usize) -> Result<Baseline> {
+    let runners: Api<EphemeralRunner> = Api::namespaced(client.clone(), namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let invalid = |e: serde_json::Error| Error::Invariant(format!("a baseline object: {e}"));
+    let runner: EphemeralRunner = serde_json::from_value(json!({
+        "apiVersion": "actions.github.com/v1alpha1",
+        "kind": "EphemeralRunner",
+        "metadata": {"name": "x"},
+        "spec": {
+            "githubConfigUrl": "https://github.com/bench",
+            "githubConfigSecret": "bench",
+            "runnerScaleSetId": 1,
+            "spec": {"containers": [{"name": "runner", "image": "runner"}]},
+        },
+    }))
+    .map_err(invalid)?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "x"},
+        "stringData": {"jitToken": "x".repeat(1500), "runnerId": "1"},
+    }))
+    .map_err(invalid)?;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "x"},
+        "spec": {"containers": [{"name": "runner", "image": "runner"}]},
+    }))
+    .map_err(invalid)?;
+
+    let started = Instant::now();
+    let creates: Vec<Write> = (0..objects)
+        .flat_map(|i| {
+            let name = format!("bench-{i}");
+            [
+                Write::Create(Kind::Runner, name.clone()),
+                Write::Create(Kind::Secret, name.clone()),
+                Write::Create(Kind::Pod, name),
+            ]
+        })
+        .collect();
+    let deletes: Vec<Write> = creates
+        .iter()
+        .map(|write| match write {
+            Write::Create(kind, name) | Write::Delete(kind, name) => {
+                Write::Delete(*kind, name.clone())
+            }
+        })
+        .collect();
+    let mut writes = 0;
+    for batch in [creates, deletes] {
+        let results: Vec<Result<()>> = stream::iter(batch)
+            .map(|write| {
+                let (runners, secrets, pods) = (&runners, &secrets, &pods);
+                let (runner, secret, pod) = (&runner, &secret, &pod);
+                async move {
+                    let post = PostParams::default();
+                    let delete = DeleteParams::default();
+                    match write {
+                        Write::Create(Kind::Runner, name) => {
+                            let mut object = runner.clone();
+                            object.metadata.name = Some(name);
+                            runners.create(&post, &object).await.map(drop)
+                        }
+                        Write::Create(Kind::Secret, name) => {
+                            let mut object = secret.clone();
+                            object.metadata.name = Some(name);
+                            secrets.create(&post, &object).await.map(drop)
+                        }
+                        Write::Create(Kind::Pod, name) => {
+                            let mut object = pod.clone();
+                            object.metadata.name = Some(name);
+                            pods.create(&post, &object).await.map(drop)
+                        }
+                        Write::Delete(Kind::Runner, name) => {
+                            runners.delete(&name, &delete).await.map(drop)
+                        }
+                        Write::Delete(Kind::Secret, name) => {
+                            secrets.delete(&name, &delete).await.map(drop)
+                        }
+                        Write::Delete(Kind::Pod, name) => {
+                            pods.delete(&name, &delete).await.map(drop)
+                        }
+                    }
+                    .map_err(Error::from)
+                }
+            })
+            .buffer_unordered(BASELINE_WRITERS)
+            .collect()
+            .await;
+        for result in results {
+            result?;
+            writes += 1;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(Baseline {
+        objects_per_kind: objects,
+        writers: BASELINE_WRITERS,
+        writes,
+        secs,
+        writes_per_sec: writes as f64 / secs.max(1e-3),
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Runner,
+    Secret,
+    Pod,
+}
+
+enum Write {
+    Create(Kind, String),
+    Delete(Kind, String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let p = Percentiles::of((1..=100).map(f64::from).collect());
+        assert_eq!(
+            (p.samples, p.p50, p.p95, p.p99, p.max),
+            (100, 50.0, 95.0, 99.0, 100.0)
+        );
+        let one = Percentiles::of(vec![2.5]);
+        assert_eq!((one.p50, one.p99), (2.5, 2.5));
+        assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
+    }
+
+    #[test]
+    fn the_sustained_rate_ignores_the_first_and_last_tenth() {
+        // 100 completions, one every 0.1 s after a 5 s ramp, and a straggler at 60 s.
+        let mut times: Vec<f64> = (0..99).map(|i| 5.0 + f64::from(i) * 0.1).collect();
+        times.push(60.0);
+        let rate = sustained_rate(&times);
+        assert!((rate - 10.0).abs() < 0.01, "{rate}");
+        assert_eq!(sustained_rate(&[1.0; 5]), 0.0);
+    }
+
+    #[test]
+    fn writes_are_summed_by_resource_and_verb() {
+        let metrics = r#"
+# HELP apiserver_request_total Counter
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="actions.github.com",resource="ephemeralrunners",scope="resource",subresource="",verb="POST",version="v1alpha1"} 7
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="actions.github.com",resource="ephemeralrunners",scope="resource",subresource="",verb="POST",version="v1alpha1"} 1
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="actions.github.com",resource="ephemeralrunners",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 3
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 9
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="status",verb="PATCH",version="v1"} 4
+"#;
+        let writes = parse_writes(metrics);
+        assert_eq!(
+            writes,
+            BTreeMap::from([
+                ("ephemeralrunners POST".to_owned(), 8),
+                ("ephemeralrunners/status PATCH".to_owned(), 3),
+                ("pods/status PATCH".to_owned(), 4),
+            ])
+        );
+        let product: u64 = writes
+            .iter()
+            .filter(|(k, _)| is_product_write(k))
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(product, 11);
+    }
+
+    #[test]
+    fn the_peak_rss_is_read_from_vm_hwm() {
+        let status = "Name:\tmanager\nVmPeak:\t  100 kB\nVmHWM:\t   20480 kB\nVmRSS:\t 1 kB\n";
+        assert_eq!(parse_vm_hwm_kib(status), Some(20480));
+        assert_eq!(parse_vm_hwm_kib("Name: x\n"), None);
+        let own = peak_rss_mib(std::process::id());
+        assert!(own > 0.0, "this process has a resident set: {own}");
+    }
+}
