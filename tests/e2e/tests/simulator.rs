@@ -252,10 +252,14 @@ async fn a_hand_made_runner_pod_waits_for_a_node_runs_one_job_and_exits_zero() {
         setup.fake.state().runner(runner_id).is_err(),
         "deregistered after its job"
     );
-    let stats = simulator.stats();
+    // The simulator books the pod Finished once its last status patch returned, a moment after the pod shows it.
+    let stats = eventually("the pod booked Finished", || async {
+        let stats = simulator.stats();
+        (stats.in_stage(PodStage::Finished) == 1).then_some(stats)
+    })
+    .await;
     assert_eq!(stats.jobs_started, 1);
     assert_eq!(stats.jobs_finished, 1);
-    assert_eq!(stats.in_stage(PodStage::Finished), 1);
     assert_eq!(simulator.jobs_served(), jobs);
     assert!(simulator.jobs_served_twice().is_empty());
     assert!(
