@@ -209,6 +209,7 @@ impl ChaosConfig {
             },
             tune: chaos_tune,
             manager_process: self.manager_process,
+            manager_args: Vec::new(),
         }
     }
 

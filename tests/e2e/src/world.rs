@@ -53,6 +53,8 @@ pub struct WorldConfig {
     /// production timings, instead of the manager in this process with short test delays. The benchmark uses
     /// it to measure the manager's memory on its own.
     pub manager_process: bool,
+    /// Extra flags for the manager binary (with `manager_process`), after the world's own.
+    pub manager_args: Vec<String>,
 }
 
 impl Default for WorldConfig {
@@ -69,6 +71,7 @@ impl Default for WorldConfig {
             },
             tune: |_| {},
             manager_process: false,
+            manager_args: Vec::new(),
         }
     }
 }
@@ -104,6 +107,8 @@ pub struct World {
     manager_start_error: Mutex<Option<String>>,
     /// The manager binary, when it runs as a process.
     manager_binary: Option<PathBuf>,
+    /// [`WorldConfig::manager_args`].
+    extra_manager_args: Vec<String>,
     /// Where the manager process keeps its kubeconfig and log.
     manager_dir: tempfile::TempDir,
     tune: fn(&mut Options),
@@ -190,6 +195,7 @@ impl World {
             manager: Mutex::new(None),
             manager_start_error: Mutex::default(),
             manager_binary,
+            extra_manager_args: config.manager_args,
             manager_dir,
             tune: config.tune,
             enqueued: Mutex::default(),
@@ -279,6 +285,22 @@ impl World {
     /// The flags the manager binary gets: what the controller chart renders for this world (namespaces, log
     /// settings, listener metrics), with every timing left at its production default.
     pub fn manager_args(&self, metrics_port: u16) -> Vec<String> {
+        let extra: Vec<String> = self
+            .extra_manager_args
+            .iter()
+            .cloned()
+            .chain(
+                std::env::var("ARC_RS_MANAGER_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_owned),
+            )
+            .collect();
+        // A flag given again replaces the world's (clap refuses a flag given twice).
+        let overridden = |arg: &String| {
+            let flag = arg.split('=').next().unwrap_or_default();
+            extra.iter().any(|e| e.split('=').next() == Some(flag))
+        };
         [
             "--log-level=info".to_owned(),
             "--log-format=text".to_owned(),
@@ -288,13 +310,8 @@ impl World {
             "--listener-metrics-endpoint=/metrics".to_owned(),
         ]
         .into_iter()
-        // Extra flags for experiments (`ARC_RS_MANAGER_ARGS="--kube-api-qps=1000"`), appended so they win.
-        .chain(
-            std::env::var("ARC_RS_MANAGER_ARGS")
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_owned),
-        )
+        .filter(|arg| !overridden(arg))
+        .chain(extra.iter().cloned())
         .collect()
     }
 
