@@ -267,20 +267,23 @@ impl Expectations {
 pub struct RunnerMemory {
     disruptions: Mutex<HashMap<String, (u32, Instant)>>,
     checked: Mutex<HashMap<String, Instant>>,
-    /// Registrations already removed from the service, by runner uid and runner id, with when. Both the set
-    /// controller (scale-down) and the runner's own finalizer deregister, and a finalizer may run again on a stale
-    /// cache; each would otherwise be one more Actions call per runner.
-    deregistered: Mutex<HashMap<(String, i64), Instant>>,
-    /// Runners whose finalizers this process removed, with when: the deletion of their pod and Secret wakes them
-    /// once more while the cache still shows them with finalizers, which would repeat every delete and patch.
-    finalized: Mutex<HashMap<String, Instant>>,
-    /// Writes done recently, by object uid and what: the next pass may run before the cache shows their effect
-    /// (the pod just created, the runner just deleted) and would repeat them.
+    /// Writes done recently, by object (uid, or uid and registration) and what: the next pass may run before the
+    /// cache shows their effect (the pod just created, the runner just deleted, its finalizers removed) and would
+    /// repeat them; and a registration is removed by the set controller's scale-down or the runner's own
+    /// finalizer, each of which would otherwise ask the service again.
     recent_writes: Mutex<HashMap<(String, &'static str), Instant>>,
 }
 
-/// How long a deregistration is remembered: far longer than a cache lags, short enough to stay small.
-const DEREGISTRATION_MEMORY: Duration = Duration::from_secs(600);
+/// How long a write is remembered: far longer than a cache lags, short enough to stay small.
+const WRITE_MEMORY: Duration = Duration::from_secs(600);
+/// [`RunnerMemory::recent_writes`] keys of the deregistration and finalizer removal.
+const DEREGISTERED: &str = "deregistered";
+const FINALIZED: &str = "finalized";
+
+/// The key of registration `runner_id` of runner `uid` (a new pod registers anew).
+fn registration(uid: &str, runner_id: i64) -> String {
+    format!("{uid}/{runner_id}")
+}
 
 impl RunnerMemory {
     /// Records a disruption of runner `uid`; returns how many it had.
@@ -321,15 +324,18 @@ impl RunnerMemory {
 
     /// Records that registration `runner_id` of runner `uid` was removed from the service.
     pub fn deregistered(&self, uid: &str, runner_id: i64) {
-        let mut removed = lock(&self.deregistered);
-        removed.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
-        removed.insert((uid.to_owned(), runner_id), Instant::now());
+        self.wrote(&registration(uid, runner_id), DEREGISTERED);
+    }
+
+    /// Whether registration `runner_id` of runner `uid` was removed recently (by either controller).
+    pub fn was_deregistered(&self, uid: &str, runner_id: i64) -> bool {
+        self.wrote_within(&registration(uid, runner_id), DEREGISTERED, WRITE_MEMORY)
     }
 
     /// Records that write `what` on object `uid` went through.
     pub fn wrote(&self, uid: &str, what: &'static str) {
         let mut writes = lock(&self.recent_writes);
-        writes.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
+        writes.retain(|_, at| at.elapsed() < WRITE_MEMORY);
         writes.insert((uid.to_owned(), what), Instant::now());
     }
 
@@ -342,23 +348,12 @@ impl RunnerMemory {
 
     /// Records that the finalizers of runner `uid` were removed.
     pub fn finalized(&self, uid: &str) {
-        let mut finalized = lock(&self.finalized);
-        finalized.retain(|_, at| at.elapsed() < DEREGISTRATION_MEMORY);
-        finalized.insert(uid.to_owned(), Instant::now());
+        self.wrote(uid, FINALIZED);
     }
 
     /// Whether the finalizers of runner `uid` were removed less than `within` ago.
     pub fn was_finalized(&self, uid: &str, within: Duration) -> bool {
-        lock(&self.finalized)
-            .get(uid)
-            .is_some_and(|at| at.elapsed() < within)
-    }
-
-    /// Whether registration `runner_id` of runner `uid` was removed recently (by either controller).
-    pub fn was_deregistered(&self, uid: &str, runner_id: i64) -> bool {
-        lock(&self.deregistered)
-            .get(&(uid.to_owned(), runner_id))
-            .is_some_and(|at| at.elapsed() < DEREGISTRATION_MEMORY)
+        self.wrote_within(uid, FINALIZED, within)
     }
 
     /// Forgets runner `uid` (gone).

@@ -142,7 +142,7 @@ pub fn is_waiting_for_node(pod: &Pod) -> bool {
     })
 }
 
-fn pod_phase(pod: &Pod) -> &str {
+pub(crate) fn pod_phase(pod: &Pod) -> &str {
     pod.status
         .as_ref()
         .and_then(|status| status.phase.as_deref())

@@ -89,10 +89,10 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     // was most of the manager's API reads. A pod not started yet still has it checked (a corrupt one is
     // replaced before the runner chokes on it).
     let started = cached.as_ref().is_some_and(|pod| {
-        pod.status
-            .as_ref()
-            .and_then(|status| status.phase.as_deref())
-            .is_some_and(|phase| matches!(phase, "Running" | "Succeeded" | "Failed"))
+        matches!(
+            super::policy::pod_phase(pod),
+            "Running" | "Succeeded" | "Failed"
+        )
     });
     let recorded = started.then(|| step.recorded_identity()).flatten();
     let identity = match recorded {

@@ -252,7 +252,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     report.kubernetes_reads_per_job = per_job(
         reads
             .iter()
-            .filter(|(key, _)| is_product_write(key))
+            .filter(|(key, _)| is_product_request(key))
             .map(|(_, n)| n)
             .sum(),
     );
@@ -261,7 +261,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     let product_writes: u64 = report
         .kubernetes_writes
         .iter()
-        .filter(|(key, _)| is_product_write(key))
+        .filter(|(key, _)| is_product_request(key))
         .map(|(_, n)| n)
         .sum();
     report.kubernetes_writes_per_job = per_job(product_writes);
@@ -368,9 +368,9 @@ fn finish_to_gone(world: &World, runners: &RunnerWatch) -> Percentiles {
     Percentiles::of(samples)
 }
 
-/// Whether a write counted by the API server is the manager's or the listener's: not the simulated kubelet's
+/// Whether a request counted by the API server is the manager's or the listener's: not the simulated kubelet's
 /// pod status writes, not the executor's token requests, not the control plane's own leases.
-pub fn is_product_write(key: &str) -> bool {
+pub fn is_product_request(key: &str) -> bool {
     let resource = key.split(' ').next().unwrap_or_default();
     !matches!(
         resource,
@@ -685,7 +685,7 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
         );
         let product: u64 = writes
             .iter()
-            .filter(|(k, _)| is_product_write(k))
+            .filter(|(k, _)| is_product_request(k))
             .map(|(_, n)| n)
             .sum();
         assert_eq!(product, 11);

@@ -353,43 +353,36 @@ impl World {
         })
     }
 
-    /// The manager process's id (`None` when the manager runs in this process, or not at all).
-    pub fn manager_pid(&self) -> Option<u32> {
+    /// `f` of the manager process (`None` when the manager runs in this process, or not at all).
+    fn with_manager_process<T>(&self, f: impl FnOnce(&Supervised, &str) -> T) -> Option<T> {
         match self
             .manager
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()?
         {
-            RunningManager::Process { process, .. } => process.pid(),
+            RunningManager::Process {
+                process,
+                metrics_url,
+            } => Some(f(process, metrics_url)),
             RunningManager::Task { .. } => None,
         }
+    }
+
+    /// The manager process's id.
+    pub fn manager_pid(&self) -> Option<u32> {
+        self.with_manager_process(|process, _| process.pid())
+            .flatten()
     }
 
     /// The manager process's metrics URL.
     pub fn manager_metrics_url(&self) -> Option<String> {
-        match self
-            .manager
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()?
-        {
-            RunningManager::Process { metrics_url, .. } => Some(metrics_url.clone()),
-            RunningManager::Task { .. } => None,
-        }
+        self.with_manager_process(|_, url| url.to_owned())
     }
 
     /// The end of the manager process's log.
     pub fn manager_log(&self, max: u64) -> Option<String> {
-        match self
-            .manager
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()?
-        {
-            RunningManager::Process { process, .. } => Some(process.log_tail(max)),
-            RunningManager::Task { .. } => None,
-        }
+        self.with_manager_process(|process, _| process.log_tail(max))
     }
 
     /// Stops the manager: gracefully (in-flight reconciles finish), or `kill`ed as if the process died.
