@@ -87,6 +87,9 @@ pub struct ActionsClients {
     cache: Mutex<HashMap<CacheKey, (u64, ActionsClient)>>,
     /// Credentials Secrets read in the last [`CREDENTIALS_FRESHNESS`], by namespace and name.
     secrets: Mutex<HashMap<(String, String), (std::time::Instant, Secret)>>,
+    /// One credentials read at a time: when the cached copy goes stale, every runner reconciling at that moment
+    /// would otherwise read the same Secret at once (up to the runner concurrency, every two seconds).
+    secret_reads: tokio::sync::Mutex<()>,
 }
 
 /// How long a credentials Secret read is reused. Every runner needs a client twice (registration and removal),
@@ -140,6 +143,7 @@ impl ActionsClients {
             metrics,
             cache: Mutex::new(HashMap::new()),
             secrets: Mutex::new(HashMap::new()),
+            secret_reads: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -225,14 +229,20 @@ impl ActionsClients {
     /// The credentials Secret, read at most every [`CREDENTIALS_FRESHNESS`]; a missing one is never remembered.
     async fn credentials_secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>> {
         let key = (namespace.to_owned(), name.to_owned());
-        let fresh = self
-            .secrets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
-            .filter(|(read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS)
-            .map(|(_, secret)| secret.clone());
-        if let Some(secret) = fresh {
+        let fresh = || {
+            self.secrets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&key)
+                .filter(|(read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS)
+                .map(|(_, secret)| secret.clone())
+        };
+        if let Some(secret) = fresh() {
+            return Ok(Some(secret));
+        }
+        let _reading = self.secret_reads.lock().await;
+        // Whoever held the lock before may have just read it.
+        if let Some(secret) = fresh() {
             return Ok(Some(secret));
         }
         let secret = read_secret(&self.kube, namespace, name).await?;

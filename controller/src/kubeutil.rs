@@ -6,7 +6,7 @@ use std::fmt::Debug;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
@@ -121,6 +121,43 @@ where
         Err(error) if is_status(&error, 404) => Ok(false),
         Err(source) => Err(Error::DeleteObject {
             kind,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            source: Box::new(source),
+        }),
+    }
+}
+
+/// Deletes pod `uid`, whose containers have all exited, without a grace period, as Kubernetes' own pod garbage
+/// collector does with terminated pods: there is nothing left to stop, and the graceful path would keep the
+/// object until the kubelet confirms, one more write and a kubelet round trip later. The uid precondition makes
+/// sure it is that pod: if the name now belongs to a newer one (the cache was behind), that one is deleted
+/// gracefully.
+pub async fn delete_terminated_pod<K>(
+    api: &Api<K>,
+    name: &str,
+    namespace: &str,
+    uid: &str,
+) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(error) if is_status(&error, 404) => Ok(false),
+        Err(error) if is_status(&error, 409) => {
+            delete_if_present(api, name, namespace, "Pod").await
+        }
+        Err(source) => Err(Error::DeleteObject {
+            kind: "Pod",
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             source: Box::new(source),

@@ -176,7 +176,7 @@ impl Manager {
                 },
                 stop_watches.clone(),
             ),
-            spawn_watch(
+            spawn_pruned_watch(
                 self.api::<Pod>(),
                 watcher::Config::default().labels(&format!(
                     "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
@@ -188,6 +188,7 @@ impl Manager {
                         let _ = pod_deleted_tx.unbounded_send(owner);
                     }
                 },
+                prune_runner_pod,
                 stop_watches.clone(),
             ),
         ];
@@ -273,6 +274,12 @@ impl Manager {
         tracing::info!("controllers stopped");
         Ok(())
     }
+}
+
+/// Runner pods are judged by their metadata and status alone; their spec (the runner's whole template, often
+/// the largest part) is what the EphemeralRunner already holds, so the cache does not keep it twice.
+fn prune_runner_pod(pod: &mut Pod) {
+    pod.spec = None;
 }
 
 /// The shared watches of the AutoscalingRunnerSet and AutoscalingListener controllers, before they run.
@@ -529,8 +536,35 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    spawn_pruned_watch(api, config, writer, fanout, on_delete, |_| {}, stop)
+}
+
+/// [`spawn_watch`] with `prune` applied to every object before it is cached or handed out: the cache holds
+/// every runner and pod for as long as they live, so what the controllers never read is dropped on arrival.
+/// `managedFields` always go (server-side apply bookkeeping; often the largest part of an object).
+fn spawn_pruned_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    fanout: Fanout<K>,
+    on_delete: impl Fn(&K) + Send + 'static,
+    prune: impl Fn(&mut K) + Send + 'static,
+    stop: CancellationToken,
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
     tokio::spawn(async move {
-        let mut events = pin!(watcher(api, config).default_backoff().reflect(writer));
+        let mut events = pin!(
+            watcher(api, config)
+                .default_backoff()
+                .modify(move |obj| {
+                    obj.managed_fields_mut().clear();
+                    prune(obj);
+                })
+                .reflect(writer)
+        );
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,

@@ -566,3 +566,46 @@ async fn a_quota_rejection_is_retried_not_counted() {
     .await;
     manager.stop().await;
 }
+
+/// The job-metadata apply carries the pod's uid so that a pass working from a stale cache cannot create the
+/// pod again once it is gone (an apply creates what does not exist): Kubernetes must refuse it.
+#[tokio::test]
+async fn an_apply_with_a_uid_never_recreates_a_deleted_pod() {
+    let env = Env::new("er-apply-uid").await;
+    let pods = env.pods_api();
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "gone"},
+        "spec": {"containers": [{"name": "runner", "image": "runner"}]},
+    }))
+    .expect("pod");
+    let created = pods
+        .create(&kube::api::PostParams::default(), &pod)
+        .await
+        .expect("create the pod");
+    let uid = created.uid().expect("uid");
+    let body = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gone", "uid": uid, "labels": {"job": "1"}},
+    });
+    let params = PatchParams::apply("job-metadata-test").force();
+    pods.patch("gone", &params, &Patch::Apply(&body))
+        .await
+        .expect("the apply labels the pod while it exists");
+    pods.delete("gone", &DeleteParams::default())
+        .await
+        .expect("delete the pod");
+    env.eventually("the pod gone", || async {
+        pods.get_opt("gone").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let refused = pods
+        .patch("gone", &params, &Patch::Apply(&body))
+        .await
+        .expect_err("an apply naming the old uid must not create a pod");
+    assert!(
+        matches!(&refused, kube::Error::Api(status) if status.code == 404 || status.code == 409),
+        "{refused:?}"
+    );
+    assert!(pods.get_opt("gone").await.unwrap().is_none());
+}

@@ -9,7 +9,10 @@ use listener::{Config, Listener, Settings};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One thread: the listener waits on the network nearly all the time (one long poll, a few patches at
+    // once), and every worker thread of a multi-threaded runtime costs resident memory (stacks, allocator
+    // arenas) in a pod that should stay small.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

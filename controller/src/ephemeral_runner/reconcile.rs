@@ -45,7 +45,9 @@ use crate::actions::{
 };
 use crate::context::Context;
 use crate::error::{Error, Result, is_status};
-use crate::kubeutil::{controller_ref, delete_if_present, name_and_namespace, set_finalizers};
+use crate::kubeutil::{
+    controller_ref, delete_if_present, delete_terminated_pod, name_and_namespace, set_finalizers,
+};
 use crate::metrics::{RunnerLabels, RunnerReasonLabels};
 use crate::options::ER_JOB_METADATA_FIELD_MANAGER;
 
@@ -62,6 +64,10 @@ const STALE_CACHE_WINDOW: Duration = Duration::from_secs(5);
 const WROTE_POD: &str = "create-pod";
 const WROTE_DELETE: &str = "delete-self";
 const WROTE_JOB_METADATA: &str = "job-metadata";
+/// [`RunnerMemory::wrote`] key of the last look at the JIT Secret of a runner whose pod has not started.
+const CHECKED_JIT_SECRET: &str = "checked-jit-secret";
+/// How often the JIT Secret of a runner whose pod has not started is checked.
+const JIT_SECRET_RECHECK: Duration = Duration::from_secs(10);
 /// How long a runner whose finalizers this process removed is left alone: its cache entry may still show them.
 const STALE_FINALIZE_WINDOW: Duration = Duration::from_secs(30);
 
@@ -85,28 +91,31 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
         .pods
         .get(&ObjectRef::new(&step.name).within(&step.namespace));
     // Once its pod has started, the runner has consumed the Secret and the identity the status recorded is the
-    // Secret's (both change only together, the Secret first): no need to read the Secret on every pass, which
-    // was most of the manager's API reads. A pod not started yet still has it checked (a corrupt one is
-    // replaced before the runner chokes on it).
-    let started = cached.as_ref().is_some_and(|pod| {
+    // Secret's (both change only together, the Secret first): no need to read the Secret again. A pod not
+    // started yet still has it checked, so a corrupt one is replaced before the runner chokes on it, but at
+    // most every few seconds: reading it on every pass of every pending pod was most of the manager's API reads
+    // in a burst.
+    let trust_recorded = cached.as_ref().is_some_and(|pod| {
         matches!(
             super::policy::pod_phase(pod),
             "Running" | "Succeeded" | "Failed"
-        )
+        ) || ctx
+            .runner_memory
+            .wrote_within(&step.uid, CHECKED_JIT_SECRET, JIT_SECRET_RECHECK)
     });
-    let recorded = started.then(|| step.recorded_identity()).flatten();
+    let recorded = trust_recorded.then(|| step.recorded_identity()).flatten();
     let identity = match recorded {
         Some(identity) => identity,
-        None => {
-            let identity = match step.ensure_jit_secret().await? {
-                Jit::Ready(identity) => identity,
-                Jit::Wait(action) => return Ok(action),
-            };
-            step.record_identity(&identity).await?;
-            identity
-        }
+        None => match step.ensure_jit_secret().await? {
+            Jit::Ready(identity) => {
+                ctx.runner_memory.wrote(&step.uid, CHECKED_JIT_SECRET);
+                identity
+            }
+            Jit::Wait(action) => return Ok(action),
+        },
     };
     if let Some(wait) = step.pod_backoff() {
+        step.record_identity(&identity).await?;
         return Ok(Action::requeue(wait));
     }
     match cached {
@@ -117,8 +126,12 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
         {
             Ok(Action::requeue(CACHE_WAIT))
         }
+        // The identity goes into the status together with the new pod's phase, one write instead of two.
         None => step.create_pod(&identity).await,
-        Some(pod) => step.handle_pod(&pod, &identity).await,
+        Some(pod) => {
+            step.record_identity(&identity).await?;
+            step.handle_pod(&pod, &identity).await
+        }
     }
 }
 
@@ -364,15 +377,21 @@ impl<'a> Step<'a> {
     }
 
     async fn record_identity(&self, identity: &JitIdentity) -> Result<()> {
-        let status = self.status();
-        if status.runner_id == identity.runner_id && status.runner_name == identity.runner_name {
+        let mut patch = serde_json::Map::new();
+        self.identity_fields(identity, &mut patch);
+        if patch.is_empty() {
             return Ok(());
         }
-        self.patch_status(json!({
-            "runnerId": identity.runner_id,
-            "runnerName": identity.runner_name,
-        }))
-        .await
+        self.patch_status(Value::Object(patch)).await
+    }
+
+    /// The status fields that record `identity`, when the status does not hold it yet.
+    fn identity_fields(&self, identity: &JitIdentity, patch: &mut serde_json::Map<String, Value>) {
+        let status = self.status();
+        if status.runner_id != identity.runner_id || status.runner_name != identity.runner_name {
+            patch.insert("runnerId".to_owned(), identity.runner_id.into());
+            patch.insert("runnerName".to_owned(), identity.runner_name.clone().into());
+        }
     }
 
     /// How long to wait before creating the next pod, after counted failures or disruptions.
@@ -431,17 +450,36 @@ impl<'a> Step<'a> {
             }
         };
         match self.pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => {
+            Ok(created) => {
                 self.ctx.runner_memory.wrote(&self.uid, WROTE_POD);
-                if self.status().reason == POD_REJECTED_REASON {
-                    self.patch_status(json!({ "reason": null, "message": null }))
-                        .await?;
+                // One status write: the identity (the deregistration falls back to the Secret until it is
+                // there) and the new pod's phase, which the next pass would otherwise write on its own; a
+                // quota or admission message from earlier attempts is cleared with it.
+                let mut patch = serde_json::Map::new();
+                self.identity_fields(identity, &mut patch);
+                let status = self.status();
+                // The API server sets every new pod Pending.
+                let pod_phase = match super::policy::pod_phase(&created) {
+                    "" => phase::PENDING,
+                    other => other,
+                };
+                if status.phase != pod_phase || status.ready || !status.reason.is_empty() {
+                    patch.insert("phase".to_owned(), pod_phase.into());
+                    patch.insert("ready".to_owned(), false.into());
+                    patch.insert("reason".to_owned(), Value::Null);
+                    patch.insert("message".to_owned(), Value::Null);
+                }
+                if !patch.is_empty() {
+                    self.patch_status(Value::Object(patch)).await?;
                 }
                 Ok(Action::requeue(self.ctx.options.resync_interval))
             }
             Err(error) => match classify_create_error(&error) {
                 CreateRejection::AlreadyExists => match self.pods.get_opt(&self.name).await {
-                    Ok(Some(pod)) => self.handle_pod(&pod, identity).await,
+                    Ok(Some(pod)) => {
+                        self.record_identity(identity).await?;
+                        self.handle_pod(&pod, identity).await
+                    }
                     _ => Ok(Action::requeue(CACHE_WAIT)),
                 },
                 CreateRejection::Invalid(message) => {
@@ -453,9 +491,11 @@ impl<'a> Step<'a> {
                     )
                     .await
                 }
-                CreateRejection::Quota(message) => self.pod_rejected("quota", message).await,
+                CreateRejection::Quota(message) => {
+                    self.pod_rejected("quota", message, identity).await
+                }
                 CreateRejection::Forbidden(message) => {
-                    self.pod_rejected("forbidden", message).await
+                    self.pod_rejected("forbidden", message, identity).await
                 }
                 CreateRejection::Other => Err(Error::CreateObject {
                     kind: "Pod",
@@ -477,10 +517,18 @@ impl<'a> Step<'a> {
 
     /// A quota or admission check refused the pod: not the runner's fault, so not counted; retried until the
     /// cluster admits it (ARC deleted the runner after 10 minutes of quota, which lost its place).
-    async fn pod_rejected(&self, class: &'static str, message: String) -> Result<Action> {
+    /// The identity is recorded with the reason: a registered runner without a pod may still be scaled down.
+    async fn pod_rejected(
+        &self,
+        class: &'static str,
+        message: String,
+        identity: &JitIdentity,
+    ) -> Result<Action> {
         self.count_rejection(class);
         let status = self.status();
         let message = format!("Failed to create the pod: {message}");
+        let mut patch = serde_json::Map::new();
+        self.identity_fields(identity, &mut patch);
         if status.reason != POD_REJECTED_REASON || status.message != message {
             self.event(
                 EventType::Warning,
@@ -489,8 +537,11 @@ impl<'a> Step<'a> {
                 message.clone(),
             )
             .await;
-            self.patch_status(json!({ "reason": POD_REJECTED_REASON, "message": message }))
-                .await?;
+            patch.insert("reason".to_owned(), POD_REJECTED_REASON.into());
+            patch.insert("message".to_owned(), message.into());
+        }
+        if !patch.is_empty() {
+            self.patch_status(Value::Object(patch)).await?;
         }
         Ok(Action::requeue(self.ctx.options.runner.pod_rejection_retry))
     }
@@ -504,8 +555,12 @@ impl<'a> Step<'a> {
     ) -> Result<Action> {
         self.event(EventType::Warning, reason, "CreatePod", message.clone())
             .await;
-        self.patch_status(json!({ "phase": phase::FAILED, "reason": reason, "message": message }))
-            .await?;
+        let mut patch = serde_json::Map::new();
+        self.identity_fields(identity, &mut patch);
+        patch.insert("phase".to_owned(), phase::FAILED.into());
+        patch.insert("reason".to_owned(), reason.into());
+        patch.insert("message".to_owned(), message.into());
+        self.patch_status(Value::Object(patch)).await?;
         self.actions()
             .await?
             .remove_runner(identity.runner_id)
@@ -554,7 +609,7 @@ impl<'a> Step<'a> {
                 STALE_CACHE_WINDOW,
             )
         {
-            self.apply_job_metadata(&metadata).await?;
+            self.apply_job_metadata(&metadata, &pod_uid).await?;
             self.ctx.runner_memory.wrote(&pod_uid, WROTE_JOB_METADATA);
         }
         match judge_pod(pod) {
@@ -567,38 +622,53 @@ impl<'a> Step<'a> {
             } => self.follow(&phase, ready, reason, message, identity).await,
             PodVerdict::Succeeded => {
                 self.delete_self().await?;
-                Ok(Action::await_change())
+                // Finalize now rather than on the deletion's watch event: under load that event waits its turn
+                // in the queue behind every other runner, and the finished runner holds its place meanwhile.
+                self.finalize().await
             }
             PodVerdict::Outdated => self.mark_outdated(identity).await,
             PodVerdict::Failed(failure) => self.pod_failed(pod, failure, identity).await,
         }
     }
 
-    async fn apply_job_metadata(&self, metadata: &super::pod::JobMetadata) -> Result<()> {
+    /// Applies the job's labels and annotations to pod `uid`. The uid in the body makes the apply fail instead of
+    /// creating a pod when that one is already gone (an apply creates what does not exist): a pass working from
+    /// a cache a moment behind must not bring a finished runner's pod back.
+    async fn apply_job_metadata(
+        &self,
+        metadata: &super::pod::JobMetadata,
+        uid: &str,
+    ) -> Result<()> {
         let patch = json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": self.name,
+                "uid": uid,
                 "labels": metadata.labels,
                 "annotations": metadata.annotations,
             },
         });
-        self.pods
+        match self
+            .pods
             .patch(
                 &self.name,
                 &PatchParams::apply(ER_JOB_METADATA_FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await
-            .map(drop)
-            .map_err(|source| Error::PatchObject {
+        {
+            Ok(_) => Ok(()),
+            // Gone (404), or the name now belongs to another pod (409): its own pass labels that one.
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(()),
+            Err(source) => Err(Error::PatchObject {
                 kind: "Pod",
                 what: "job metadata",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
                 source: Box::new(source),
-            })
+            }),
+        }
     }
 
     /// The runner is starting or running: mirror the pod, and now and then make sure the service still knows
@@ -762,10 +832,26 @@ impl<'a> Step<'a> {
         Ok(Action::requeue(delay.max(CACHE_WAIT)))
     }
 
-    /// Deletes the pod and the JIT Secret (done runners keep only the EphemeralRunner, for the set to count).
+    /// Deletes the pod and the JIT Secret (done runners keep only the EphemeralRunner, for the set to count),
+    /// both at once.
     async fn delete_children(&self) -> Result<()> {
-        delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
-        delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
+        let terminated = self
+            .ctx
+            .stores
+            .pods
+            .get(&ObjectRef::new(&self.name).within(&self.namespace))
+            .filter(|pod| matches!(super::policy::pod_phase(pod), "Succeeded" | "Failed"))
+            .and_then(|pod| pod.uid());
+        let pod = async {
+            match &terminated {
+                Some(uid) => {
+                    delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid).await
+                }
+                None => delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await,
+            }
+        };
+        let secret = delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret");
+        futures::try_join!(pod, secret)?;
         Ok(())
     }
 

@@ -11,6 +11,9 @@
 //! * **peak RSS** (`VmHWM`) of the manager process and of the listener process;
 //! * **calls per job**: Actions Service and GitHub API requests from the fake's counters, and Kubernetes writes
 //!   from the API server's own `apiserver_request_total`;
+//! * **CPU time** of every process over the run (manager, listener, etcd, kube-apiserver,
+//!   kube-controller-manager, and this process: the fake and the simulated runners), to tell which one a run on a
+//!   small machine waits for;
 //! * **the physical baseline**: the same API server's raw write rate for the same kinds of objects
 //!   (EphemeralRunners, Secrets, Pods: create, then delete) from this process with 64 writers (the manager's
 //!   default runner concurrency), and the ratio of the measured throughput to the bound that rate sets.
@@ -35,6 +38,9 @@ use crate::{Error, Result};
 
 /// Writers of the raw baseline: the manager's default EphemeralRunner concurrency.
 const BASELINE_WRITERS: usize = 64;
+/// Jobs per workflow run of the burst: the listener keeps a metric series per job name (ARC's labels), and
+/// names repeat from run to run in a real organization.
+const JOBS_PER_RUN: u32 = 10;
 /// How often the driver looks at the world.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -106,6 +112,28 @@ pub struct Baseline {
     pub writes_per_sec: f64,
 }
 
+/// Peaks of the two parts of a resident set, in MiB.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RssParts {
+    pub anon_mib: f64,
+    pub file_mib: f64,
+}
+
+impl RssParts {
+    /// Keeps the larger of each part of this and of process `pid` now.
+    fn sample(&mut self, pid: Option<u32>) {
+        let Some(status) =
+            pid.and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        else {
+            return;
+        };
+        let mib = |key| status_kib(&status, key).map_or(0.0, |kib| kib as f64 / 1024.0);
+        self.anon_mib = self.anon_mib.max(mib("RssAnon:"));
+        self.file_mib = self.file_mib.max(mib("RssFile:"));
+    }
+}
+
 /// Everything one run measured.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -129,6 +157,10 @@ pub struct BenchReport {
     pub peak_runners: usize,
     pub manager_peak_rss_mib: f64,
     pub listener_peak_rss_mib: f64,
+    /// The largest heap and other private memory (`RssAnon`) and program pages (`RssFile`, the code and read-only
+    /// data of the binary, shared and reclaimable) seen in the manager during the run, sampled every tick.
+    pub manager_rss_parts: RssParts,
+    pub listener_rss_parts: RssParts,
     /// Actions Service and GitHub API requests per job, message long-polls excluded.
     pub actions_calls_per_job: f64,
     /// Requests by endpoint over the run (long-polls included).
@@ -150,6 +182,10 @@ pub struct BenchReport {
     pub write_bound_jobs_per_sec: f64,
     /// Measured throughput over that bound.
     pub ratio_to_write_bound: f64,
+    /// CPU seconds (user + system) each process used from the burst until every runner was gone, by name.
+    pub cpu_secs: BTreeMap<String, f64>,
+    /// The sum of `cpu_secs` over the cores' capacity in that time (1.0: every core busy all along).
+    pub cpu_utilization: f64,
     /// Anything wrong: lost or twice-served jobs, simulator problems, timeouts.
     pub problems: Vec<String>,
 }
@@ -175,10 +211,12 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let requests_before = apiserver_requests(&world.client()).await?;
     world.fake.state().reset_counters();
+    let processes = measured_processes(&world).await?;
+    let cpu_before = cpu_ticks_of(&processes);
 
     let jobs = config.jobs as usize;
     let started = Instant::now();
-    let ids = world.enqueue(config.jobs)?;
+    let ids = world.enqueue_in_runs(config.jobs, JOBS_PER_RUN)?;
     let mut report = BenchReport {
         jobs: config.jobs,
         job_duration_secs: config.job_duration.as_secs_f64(),
@@ -186,6 +224,11 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     };
     let mut completion_times: Vec<f64> = Vec::with_capacity(jobs);
     let mut completed_seen = 0;
+    let manager_pid = world.manager_pid();
+    let listener_pid = processes
+        .iter()
+        .find(|(name, _)| name == "listener")
+        .map(|(_, pid)| *pid);
     let deadline = started + config.timeout;
     loop {
         let elapsed = started.elapsed().as_secs_f64();
@@ -200,6 +243,8 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
             completed.saturating_sub(completed_seen),
         ));
         completed_seen = completed_seen.max(completed);
+        report.manager_rss_parts.sample(manager_pid);
+        report.listener_rss_parts.sample(listener_pid);
         if completed == jobs && runners.live() == 0 {
             report.burst_to_settled_secs = elapsed;
             break;
@@ -220,12 +265,28 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
         tokio::time::sleep(TICK).await;
     }
     let requests_after = apiserver_requests(&world.client()).await?;
+    let cpu_after = cpu_ticks_of(&processes);
+    report.cpu_secs = cpu_after
+        .iter()
+        .filter_map(|(name, after)| {
+            let before = cpu_before.get(name)?;
+            Some((
+                name.clone(),
+                after.saturating_sub(*before) as f64 / TICKS_PER_SEC,
+            ))
+        })
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    report.cpu_utilization =
+        report.cpu_secs.values().sum::<f64>() / (report.burst_to_settled_secs.max(1e-3) * cores);
     report.completed = completed_seen;
     report.burst_to_last_completion_secs = completion_times.last().copied().unwrap_or_default();
     report.jobs_per_sec = completed_seen as f64 / report.burst_to_last_completion_secs.max(1e-3);
     report.sustained_jobs_per_sec = sustained_rate(&completion_times);
     report.peak_runners = runners.peak();
-    report.finish_to_gone = finish_to_gone(&world, &runners);
+    let (latencies, unseen) = finish_to_gone(&world, &runners);
+    report.finish_to_gone = latencies;
+    report.problems.extend(unseen);
 
     report.manager_peak_rss_mib = world.manager_pid().map_or(0.0, peak_rss_mib);
     report.listener_peak_rss_mib = world
@@ -347,25 +408,38 @@ pub fn sustained_rate(times: &[f64]) -> f64 {
 }
 
 /// Per finished job: from the runner finishing it to its pod and EphemeralRunner both deleted.
-fn finish_to_gone(world: &World, runners: &RunnerWatch) -> Percentiles {
+/// The finish-to-gone latencies, and a problem for runners that finished a job but were never seen gone.
+fn finish_to_gone(world: &World, runners: &RunnerWatch) -> (Percentiles, Option<String>) {
     let deleted = runners.deleted();
-    let samples = world
-        .simulator
-        .pods()
-        .into_iter()
-        .filter_map(|pod| {
-            let finished = pod.job_finished_at?;
-            let pod_gone = pod.deleted_at?;
-            let runner_gone = *deleted.get(&pod.name)?;
-            Some(
+    let mut samples = Vec::new();
+    let (mut pod_not_seen_gone, mut runner_not_seen_gone) = (Vec::new(), Vec::new());
+    for pod in world.simulator.pods() {
+        let Some(finished) = pod.job_finished_at else {
+            continue;
+        };
+        let runner_gone = deleted.get(&pod.name).copied();
+        if pod.deleted_at.is_none() {
+            pod_not_seen_gone.push(pod.name.clone());
+        }
+        if runner_gone.is_none() {
+            runner_not_seen_gone.push(pod.name.clone());
+        }
+        if let (Some(pod_gone), Some(runner_gone)) = (pod.deleted_at, runner_gone) {
+            samples.push(
                 pod_gone
                     .max(runner_gone)
                     .saturating_duration_since(finished)
                     .as_secs_f64(),
-            )
-        })
-        .collect();
-    Percentiles::of(samples)
+            );
+        }
+    }
+    let problem = (!pod_not_seen_gone.is_empty() || !runner_not_seen_gone.is_empty()).then(|| {
+        format!(
+            "runners that finished a job but were not seen gone: pods {pod_not_seen_gone:?}, \
+             EphemeralRunners {runner_not_seen_gone:?}"
+        )
+    });
+    (Percentiles::of(samples), problem)
 }
 
 /// Whether a request counted by the API server is the manager's or the listener's: not the simulated kubelet's
@@ -438,6 +512,47 @@ impl RunnerWatch {
     }
 }
 
+/// Linux reports CPU times in clock ticks of `USER_HZ`, which is 100 on every architecture Linux supports
+/// (`sysconf(_SC_CLK_TCK)` returns it; the kernel's internal HZ does not show through).
+const TICKS_PER_SEC: f64 = 100.0;
+
+/// The processes whose CPU time a run reports, by name: the manager, the listener, the control plane's
+/// components and this process (the fake Actions Service and the simulated runners live here).
+async fn measured_processes(world: &World) -> Result<Vec<(String, u32)>> {
+    let mut processes = world.ctx.control_plane.component_pids();
+    processes.extend(world.manager_pid().map(|pid| ("manager".to_owned(), pid)));
+    processes.extend(
+        world
+            .listener_pids()
+            .await?
+            .into_iter()
+            .map(|pid| ("listener".to_owned(), pid)),
+    );
+    processes.push(("bench (fake + simulator)".to_owned(), std::process::id()));
+    Ok(processes)
+}
+
+/// User + system CPU ticks of each process that is still there.
+fn cpu_ticks_of(processes: &[(String, u32)]) -> BTreeMap<String, u64> {
+    processes
+        .iter()
+        .filter_map(|(name, pid)| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((name.clone(), parse_cpu_ticks(&stat)?))
+        })
+        .collect()
+}
+
+/// `utime + stime` from a `/proc/PID/stat` line (fields 14 and 15; the command name in field 2 may hold spaces
+/// and parentheses, so fields are counted from its closing parenthesis).
+pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
 /// Peak resident set size (`VmHWM`) of a process, in MiB; 0 when unreadable.
 pub fn peak_rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -448,9 +563,14 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
 
 /// The `VmHWM` line of `/proc/PID/status`, in KiB.
 pub fn parse_vm_hwm_kib(status: &str) -> Option<u64> {
+    status_kib(status, "VmHWM:")
+}
+
+/// The value of line `key` (with its colon) of `/proc/PID/status`, in KiB.
+fn status_kib(status: &str, key: &str) -> Option<u64> {
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(key))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
 }
@@ -692,10 +812,23 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
     }
 
     #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        let stat = "4242 (kube (api) server) S 1 4242 4242 0 -1 4194560 100 0 0 0 1234 567 0 0 20 0 12 0 99";
+        assert_eq!(parse_cpu_ticks(stat), Some(1234 + 567));
+        assert_eq!(parse_cpu_ticks("4242 (x) S 1 2"), None);
+        let own = std::fs::read_to_string(format!("/proc/{}/stat", std::process::id()))
+            .expect("this process's stat");
+        assert!(parse_cpu_ticks(&own).is_some(), "{own}");
+    }
+
+    #[test]
     fn the_peak_rss_is_read_from_vm_hwm() {
         let status = "Name:\tmanager\nVmPeak:\t  100 kB\nVmHWM:\t   20480 kB\nVmRSS:\t 1 kB\n";
         assert_eq!(parse_vm_hwm_kib(status), Some(20480));
         assert_eq!(parse_vm_hwm_kib("Name: x\n"), None);
+        let mut parts = RssParts::default();
+        parts.sample(Some(std::process::id()));
+        assert!(parts.anon_mib > 0.0 && parts.file_mib > 0.0, "{parts:?}");
         let own = peak_rss_mib(std::process::id());
         assert!(own > 0.0, "this process has a resident set: {own}");
     }

@@ -325,7 +325,8 @@ impl World {
             .map_err(|e| failed("a free port", &e))?
             .port();
         let mut args: Vec<String> = vec!["-i".to_owned()];
-        for inherited in ["PATH", "HOME", "RUST_BACKTRACE"] {
+        // MALLOC_ARENA_MAX lets a measurement try glibc's allocator settings on the real process.
+        for inherited in ["PATH", "HOME", "RUST_BACKTRACE", "MALLOC_ARENA_MAX"] {
             if let Ok(value) = std::env::var(inherited) {
                 args.push(format!("{inherited}={value}"));
             }
@@ -599,6 +600,21 @@ impl World {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(&ids);
+        Ok(ids)
+    }
+
+    /// Enqueues `count` jobs as workflow runs of `run_size` jobs each (the last run may be smaller): job names
+    /// (`job-1` to `job-<run_size>`) repeat from run to run, as in an organization whose workflows run again and
+    /// again, rather than one run with `count` distinct names.
+    pub fn enqueue_in_runs(&self, count: u32, run_size: u32) -> Result<Vec<i64>> {
+        let run_size = run_size.max(1);
+        let mut ids = Vec::with_capacity(count as usize);
+        let mut left = count;
+        while left > 0 {
+            let this_run = left.min(run_size);
+            ids.extend(self.enqueue(this_run)?);
+            left -= this_run;
+        }
         Ok(ids)
     }
 

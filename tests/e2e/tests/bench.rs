@@ -51,6 +51,31 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
         report.actions_calls
     );
     assert!(report.manager_peak_rss_mib > 0.0 && report.listener_peak_rss_mib > 0.0);
-    assert!(report.kubernetes_writes_per_job > 0.0, "{report:?}");
+    // The Kubernetes budget of a runner's life (docs/benchmarks.md lists the writes one by one); a small run
+    // pays more per job for the set's own writes, which a burst shares.
+    assert!(
+        report.kubernetes_writes_per_job > 0.0 && report.kubernetes_writes_per_job <= 14.0,
+        "Kubernetes writes per job over budget: {:.2} {:?}",
+        report.kubernetes_writes_per_job,
+        report.kubernetes_writes
+    );
+    // One look for the runner's JIT Secret before it exists, and the shared credentials read now and then: not
+    // a read of either on every pass.
+    let secret_reads = report
+        .kubernetes_reads
+        .get("secrets GET")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        secret_reads as f64 / f64::from(jobs) <= 2.0,
+        "Secret reads per job over budget: {secret_reads} for {jobs} jobs"
+    );
+    for process in ["manager", "listener", "kube-apiserver", "etcd"] {
+        assert!(
+            report.cpu_secs.contains_key(process),
+            "no CPU time for {process}: {:?}",
+            report.cpu_secs
+        );
+    }
     assert_eq!(report.baseline.writes, 20 * 3 * 2);
 }

@@ -299,6 +299,16 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// Each running component's name and process id (etcd, kube-apiserver, kube-controller-manager), for
+    /// measurements such as the benchmark's CPU time per process.
+    pub fn component_pids(&self) -> Vec<(String, u32)> {
+        let procs = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        procs
+            .iter()
+            .filter_map(|p| p.pid().map(|pid| (p.name().to_owned(), pid)))
+            .collect()
+    }
+
     /// Names of components that have exited, with their log tails; empty while all run.
     pub fn exited_components(&self) -> Vec<String> {
         let mut procs = self.processes.lock().unwrap_or_else(|p| p.into_inner());

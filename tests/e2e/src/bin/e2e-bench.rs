@@ -115,8 +115,13 @@ fn print_report(r: &BenchReport) {
         r.burst_to_settled_secs, r.peak_runners
     );
     println!(
-        "peak RSS                   manager {:.1} MiB, listener {:.1} MiB",
-        r.manager_peak_rss_mib, r.listener_peak_rss_mib
+        "peak RSS                   manager {:.1} MiB (anon {:.1}, file {:.1}), listener {:.1} MiB (anon {:.1}, file {:.1})",
+        r.manager_peak_rss_mib,
+        r.manager_rss_parts.anon_mib,
+        r.manager_rss_parts.file_mib,
+        r.listener_peak_rss_mib,
+        r.listener_rss_parts.anon_mib,
+        r.listener_rss_parts.file_mib
     );
     println!(
         "Actions calls per job      {:.2} (long-polls excluded); {:?}",
@@ -135,6 +140,16 @@ fn print_report(r: &BenchReport) {
     );
     for (key, n) in &r.kubernetes_reads {
         println!("    {key:<40} {n}");
+    }
+    println!(
+        "CPU over the run           {:.0} % of all cores",
+        r.cpu_utilization * 100.0
+    );
+    for (name, secs) in &r.cpu_secs {
+        println!(
+            "    {name:<40} {secs:.1} s ({:.1} ms per job)",
+            secs * 1000.0 / f64::from(r.jobs.max(1))
+        );
     }
     println!(
         "raw API-server baseline    {:.0} writes/s ({} writes of {} objects per kind, {} writers, {:.2} s)",
