@@ -274,8 +274,9 @@ pub struct RunnerMemory {
     recent_writes: Mutex<HashMap<(String, &'static str), Instant>>,
 }
 
-/// How long a write is remembered: far longer than a cache lags, short enough to stay small.
-const WRITE_MEMORY: Duration = Duration::from_secs(600);
+/// How long a write is remembered: four times the longest window anything asks about (a finalizer removal,
+/// 30 s), far longer than a cache lags; every runner alive has a few entries, so not longer.
+const WRITE_MEMORY: Duration = Duration::from_secs(120);
 /// [`RunnerMemory::recent_writes`] keys of the deregistration and finalizer removal.
 const DEREGISTERED: &str = "deregistered";
 const FINALIZED: &str = "finalized";
