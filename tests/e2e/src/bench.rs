@@ -38,9 +38,6 @@ use crate::{Error, Result};
 
 /// Writers of the raw baseline: the manager's default EphemeralRunner concurrency.
 const BASELINE_WRITERS: usize = 64;
-/// Jobs per workflow run of the burst: the listener keeps a metric series per job name (ARC's labels), and
-/// names repeat from run to run in a real organization.
-const JOBS_PER_RUN: u32 = 10;
 /// How often the driver looks at the world.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -55,6 +52,10 @@ pub struct BenchConfig {
     pub timeout: Duration,
     /// Objects of each kind the raw baseline writes (0: as many as there are jobs).
     pub baseline_objects: usize,
+    /// Jobs per workflow run of the burst (the last run may be smaller). The listener keeps a metric series per
+    /// job name (ARC's labels), and names repeat from run to run in a real organization; one run of N jobs
+    /// gives N names.
+    pub jobs_per_run: u32,
 }
 
 impl Default for BenchConfig {
@@ -64,6 +65,7 @@ impl Default for BenchConfig {
             job_duration: Duration::from_secs(1),
             timeout: Duration::from_secs(900),
             baseline_objects: 0,
+            jobs_per_run: 10,
         }
     }
 }
@@ -216,7 +218,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
 
     let jobs = config.jobs as usize;
     let started = Instant::now();
-    let ids = world.enqueue_in_runs(config.jobs, JOBS_PER_RUN)?;
+    let ids = world.enqueue_in_runs(config.jobs, config.jobs_per_run)?;
     let mut report = BenchReport {
         jobs: config.jobs,
         job_duration_secs: config.job_duration.as_secs_f64(),

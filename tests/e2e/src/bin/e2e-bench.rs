@@ -24,6 +24,10 @@ struct Args {
     /// Objects of each kind the raw API-server baseline writes (default: as many as jobs).
     #[arg(long, default_value_t = 0)]
     baseline_objects: usize,
+    /// Jobs per workflow run of the burst: job names repeat from run to run (the listener keeps a metric
+    /// series per job name).
+    #[arg(long, default_value_t = 10)]
+    jobs_per_run: u32,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 900)]
     timeout_secs: u64,
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         job_duration: Duration::from_millis(args.job_duration_ms),
         timeout: Duration::from_secs(args.timeout_secs),
         baseline_objects: args.baseline_objects,
+        jobs_per_run: args.jobs_per_run,
     };
     eprintln!(
         "e2e-bench: {} jobs of {} ms; starting the control plane, the fake, the manager and the listener...",
