@@ -270,7 +270,9 @@ async fn a_killed_listener_is_replaced_and_loses_no_job() {
         "e2e-listener-kill",
         WorldConfig {
             simulator: SimulatorConfig {
-                job_duration: Duration::from_secs(2),
+                // Long enough that the listener dies while jobs run: with 2 s jobs, runners that leave within a
+                // second of their job let all ten finish between two looks (seen once in CI).
+                job_duration: Duration::from_secs(5),
                 ..SimulatorConfig::default()
             },
             ..WorldConfig::default()
