@@ -75,8 +75,23 @@ const STALE_FINALIZE_WINDOW: Duration = Duration::from_secs(30);
 #[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
 pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
     let step = Step::new(&runner, &ctx)?;
+    // A runner this process finalized, or asked to delete, a moment ago can still be in the cache without its
+    // deletion. Acting on that copy would register a new runner and create a pod (and Secret) for an object
+    // that is gone: under load such orphan pods took jobs with no EphemeralRunner to account for them.
+    if ctx
+        .runner_memory
+        .was_finalized(&step.uid, STALE_FINALIZE_WINDOW)
+    {
+        return Ok(Action::requeue(STALE_FINALIZE_WINDOW));
+    }
     if runner.meta().deletion_timestamp.is_some() {
         return step.finalize().await;
+    }
+    if ctx
+        .runner_memory
+        .wrote_within(&step.uid, WROTE_DELETE, STALE_CACHE_WINDOW)
+    {
+        return Ok(Action::requeue(CACHE_WAIT));
     }
     if runner.is_done() {
         step.delete_children().await?;
