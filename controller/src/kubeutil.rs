@@ -119,12 +119,16 @@ where
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(true),
         Err(error) if is_status(&error, 404) => Ok(false),
-        Err(source) => Err(Error::DeleteObject {
-            kind,
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            source: Box::new(source),
-        }),
+        Err(source) => Err(delete_error(kind, namespace, name, source)),
+    }
+}
+
+fn delete_error(kind: &'static str, namespace: &str, name: &str, source: kube::Error) -> Error {
+    Error::DeleteObject {
+        kind,
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        source: Box::new(source),
     }
 }
 
@@ -156,11 +160,6 @@ where
         Err(error) if is_status(&error, 409) => {
             delete_if_present(api, name, namespace, "Pod").await
         }
-        Err(source) => Err(Error::DeleteObject {
-            kind: "Pod",
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            source: Box::new(source),
-        }),
+        Err(source) => Err(delete_error("Pod", namespace, name, source)),
     }
 }

@@ -77,7 +77,8 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     let step = Step::new(&runner, &ctx)?;
     // A runner this process finalized, or asked to delete, a moment ago can still be in the cache without its
     // deletion. Acting on that copy would register a new runner and create a pod (and Secret) for an object
-    // that is gone: under load such orphan pods took jobs with no EphemeralRunner to account for them.
+    // that is gone: under load such orphan pods took jobs with no EphemeralRunner to account for them. If the
+    // object somehow still holds the finalizers after the window, the pass runs again.
     if ctx
         .runner_memory
         .was_finalized(&step.uid, STALE_FINALIZE_WINDOW)
@@ -252,15 +253,9 @@ impl<'a> Step<'a> {
             })
     }
 
+    /// Asks for this runner's deletion. A pass never runs while an earlier one's request may not be in the cache
+    /// yet (see [`reconcile`]), so it is asked once.
     async fn delete_self(&self) -> Result<()> {
-        if self
-            .ctx
-            .runner_memory
-            .wrote_within(&self.uid, WROTE_DELETE, STALE_CACHE_WINDOW)
-        {
-            // Asked already; the cache has not shown the deletion yet.
-            return Ok(());
-        }
         delete_if_present(&self.api, &self.name, &self.namespace, KIND).await?;
         self.ctx.runner_memory.wrote(&self.uid, WROTE_DELETE);
         Ok(())
@@ -875,15 +870,6 @@ impl<'a> Step<'a> {
         let finalizers = self.runner.finalizers();
         if !finalizers.iter().any(|f| f == EPHEMERAL_RUNNER_FINALIZER) {
             return Ok(Action::await_change());
-        }
-        if self
-            .ctx
-            .runner_memory
-            .was_finalized(&self.uid, STALE_FINALIZE_WINDOW)
-        {
-            // The cache has not caught up with our own finalizer removal yet; if the object somehow still holds
-            // the finalizer after the window, the pass runs again.
-            return Ok(Action::requeue(STALE_FINALIZE_WINDOW));
         }
         if finalizers
             .iter()

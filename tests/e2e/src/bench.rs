@@ -226,11 +226,13 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     };
     let mut completion_times: Vec<f64> = Vec::with_capacity(jobs);
     let mut completed_seen = 0;
-    let manager_pid = world.manager_pid();
-    let listener_pid = processes
-        .iter()
-        .find(|(name, _)| name == "listener")
-        .map(|(_, pid)| *pid);
+    let pid_of = |wanted: &str| {
+        processes
+            .iter()
+            .find(|(name, _)| name == wanted)
+            .map(|(_, pid)| *pid)
+    };
+    let (manager_pid, listener_pid) = (pid_of("manager"), pid_of("listener"));
     let deadline = started + config.timeout;
     loop {
         let elapsed = started.elapsed().as_secs_f64();

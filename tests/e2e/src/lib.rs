@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod chaos;
 pub mod checks;
+pub mod cli;
 pub mod simulator;
 pub mod world;
 

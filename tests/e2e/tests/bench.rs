@@ -2,6 +2,7 @@
 //! counts (not timings), so they are checked here: at most 3 Actions Service calls per job, no runner created
 //! for a job that is already done, and every runner's departure measured.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use e2e::bench::{BenchConfig, run};
@@ -36,23 +37,14 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
     // service's statistics, which learn of a finished job a moment after its runner is gone (the protocol's
     // race, widest with jobs of one second and runners that leave within a second of their job). Twice as many
     // runners as jobs was the bug this guards against; the 500-job benchmark makes exactly 500.
-    let runners = report
-        .actions_calls
-        .get("generate_jit_config")
-        .copied()
-        .unwrap_or(0);
+    let runners = count(&report.actions_calls, "generate_jit_config");
     assert!(
         runners >= u64::from(jobs) && runners <= u64::from(jobs) + u64::from(jobs) / 5,
         "one runner per job, none for jobs already done: {:?}",
         report.actions_calls
     );
     assert!(
-        report
-            .actions_calls
-            .get("remove_runner")
-            .copied()
-            .unwrap_or(0)
-            <= runners,
+        count(&report.actions_calls, "remove_runner") <= runners,
         "at most one deregistration per runner: {:?}",
         report.actions_calls
     );
@@ -69,11 +61,7 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
     // Per runner: the simulated kubelet's read of its JIT Secret, one look before it exists, a recheck every
     // 10 s while its pod is pending, and the shared credentials read now and then (about 3 per job measured);
     // not a read on every pass, which was 9 per job.
-    let secret_reads = report
-        .kubernetes_reads
-        .get("secrets GET")
-        .copied()
-        .unwrap_or(0);
+    let secret_reads = count(&report.kubernetes_reads, "secrets GET");
     assert!(
         secret_reads as f64 / f64::from(jobs) <= 4.0,
         "Secret reads per job over budget: {secret_reads} for {jobs} jobs"
@@ -86,4 +74,9 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
         );
     }
     assert_eq!(report.baseline.writes, 20 * 3 * 2);
+}
+
+/// The count under `key`, 0 when absent.
+fn count(counts: &BTreeMap<String, u64>, key: &str) -> u64 {
+    counts.get(key).copied().unwrap_or(0)
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use clap::Parser;
 use e2e::chaos::{self, ChaosConfig};
-use serde_json::json;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -126,48 +125,25 @@ impl Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "error,kube_client=off".to_owned());
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("chaos: starting the async runtime failed: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    e2e::cli::init_tracing();
     let config = args.config();
     println!(
         "starting the local control plane, the fake Actions Service, the manager and the listener executor \
          for {} jobs...",
         config.jobs
     );
-    match runtime.block_on(chaos::run_in_new_world("chaos", &config)) {
-        Ok(report) => {
+    e2e::cli::run(
+        "chaos",
+        args.json,
+        chaos::run_in_new_world("chaos", &config),
+        |report| {
             println!("\n{}", report.render());
             if let Some(diagnostics) = &report.diagnostics {
                 println!("diagnostics:\n{diagnostics}");
             }
-            if args.json {
-                println!("{}", serde_json::to_string(&report).unwrap_or_default());
-            }
-            if report.problems.is_empty() && report.completed_exactly_once == config.jobs as usize {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("chaos: {e}");
-            if args.json {
-                println!("{}", json!({"error": e.to_string()}));
-            }
-            ExitCode::FAILURE
-        }
-    }
+        },
+        |report| {
+            report.problems.is_empty() && report.completed_exactly_once == config.jobs as usize
+        },
+    )
 }

@@ -75,41 +75,10 @@ struct Summary {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "error,kube_client=off".to_owned());
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("demo: starting the async runtime failed: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(&args)) {
-        Ok(summary) => {
-            print_summary(&summary);
-            if args.json {
-                println!("{}", serde_json::to_string(&summary).unwrap_or_default());
-            }
-            if summary.lost == 0 && summary.served_twice == 0 && summary.problems.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("demo: {e}");
-            if args.json {
-                println!("{}", json!({"error": e.to_string()}));
-            }
-            ExitCode::FAILURE
-        }
-    }
+    e2e::cli::init_tracing();
+    e2e::cli::run("demo", args.json, run(&args), print_summary, |summary| {
+        summary.lost == 0 && summary.served_twice == 0 && summary.problems.is_empty()
+    })
 }
 
 async fn run(args: &Args) -> e2e::Result<Summary> {

@@ -38,26 +38,12 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "error,kube_client=off".to_owned());
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .init();
+    e2e::cli::init_tracing();
     if cfg!(debug_assertions) {
         eprintln!(
             "e2e-bench: this is a debug build; figures are only meaningful from `cargo run --release`"
         );
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("e2e-bench: starting the async runtime failed: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let config = BenchConfig {
         jobs: args.jobs,
         job_duration: Duration::from_millis(args.job_duration_ms),
@@ -69,26 +55,13 @@ fn main() -> ExitCode {
         "e2e-bench: {} jobs of {} ms; starting the control plane, the fake, the manager and the listener...",
         args.jobs, args.job_duration_ms
     );
-    match runtime.block_on(e2e::bench::run(&config)) {
-        Ok(report) => {
-            print_report(&report);
-            if args.json {
-                println!("{}", serde_json::to_string(&report).unwrap_or_default());
-            }
-            if report.problems.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("e2e-bench: {e}");
-            if args.json {
-                println!("{}", serde_json::json!({"error": e.to_string()}));
-            }
-            ExitCode::FAILURE
-        }
-    }
+    e2e::cli::run(
+        "e2e-bench",
+        args.json,
+        e2e::bench::run(&config),
+        print_report,
+        |report| report.problems.is_empty(),
+    )
 }
 
 fn print_report(r: &BenchReport) {
