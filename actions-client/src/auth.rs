@@ -1,4 +1,5 @@
-//! GitHub credentials (spec §3.1) and the admin connection they are exchanged for (§3.5, §3.6).
+//! GitHub credentials and the admin connection they are exchanged for
+//! (docs/reference/actions-service-protocol.md, "Authentication").
 
 use jiff::Timestamp;
 use url::Url;

@@ -1,4 +1,5 @@
-//! The Actions client: GitHub authentication, the admin-token cache, and every Actions Service endpoint (§5).
+//! The Actions client: GitHub authentication, the admin-token cache, and every Actions Service endpoint
+//! (docs/reference/actions-service-protocol.md, "Endpoints").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -145,7 +146,7 @@ impl ActionsClient {
         )
     }
 
-    // ----- admin connection (§3) -----
+    // ----- admin connection -----
 
     fn current_admin(&self) -> Option<AdminConnection> {
         let guard = self
@@ -159,7 +160,7 @@ impl ActionsClient {
             .cloned()
     }
 
-    /// The admin connection, refreshed first when missing or within 60 s of expiry (§3.6).
+    /// The admin connection, refreshed first when missing or within 60 s of expiry.
     ///
     /// Single flight: callers that find the token stale queue on one lock; the first refreshes, the rest see the
     /// new token. If that refresh fails, the callers that were already waiting get the same error instead of
@@ -215,7 +216,7 @@ impl ActionsClient {
         self.register_runner_admin(&registration_token).await
     }
 
-    /// §3.3: `POST /app/installations/{id}/access_tokens` with a fresh App JWT; exactly 201.
+    /// `POST /app/installations/{id}/access_tokens` with a fresh App JWT; exactly 201.
     async fn installation_token(
         &self,
         client_id: &str,
@@ -242,7 +243,7 @@ impl ActionsClient {
         Ok(token.token)
     }
 
-    /// §3.4: `POST {scope}/actions/runners/registration-token`; exactly 201.
+    /// `POST {scope}/actions/runners/registration-token`; exactly 201.
     async fn registration_token(&self, github_token: &SecretString) -> Result<SecretString> {
         let op = Operation::CreateRegistrationToken;
         let url = self
@@ -268,7 +269,7 @@ impl ActionsClient {
         Ok(token.token)
     }
 
-    /// §3.5: `POST /actions/runner-registration` with `RemoteAuth`; any 2xx; retried on 401/403 as well.
+    /// `POST /actions/runner-registration` with `RemoteAuth`; any 2xx; retried on 401/403 as well.
     async fn register_runner_admin(
         &self,
         registration_token: &SecretString,
@@ -319,7 +320,7 @@ impl ActionsClient {
         })
     }
 
-    // ----- Actions Service requests (§4) -----
+    // ----- Actions Service requests -----
 
     /// Sends an Actions Service request with the admin token. `auth_override` replaces the admin token
     /// (acquire-jobs uses the message-queue token).
@@ -394,7 +395,7 @@ impl ActionsClient {
         }
     }
 
-    /// §5.1: the scale set with `name` in runner group `runner_group_id`, or `None`.
+    /// The scale set with `name` in runner group `runner_group_id`, or `None`.
     pub async fn get_runner_scale_set(
         &self,
         runner_group_id: i64,
@@ -417,7 +418,7 @@ impl ActionsClient {
         Self::single(&response, "runner scale sets", name)
     }
 
-    /// §5.2: the scale set with `id`; `None` when the service answers `null`. A 404 is
+    /// The scale set with `id`; `None` when the service answers `null`. A 404 is
     /// [`ErrorKind::ScaleSetNotFound`].
     pub async fn get_runner_scale_set_by_id(&self, id: i64) -> Result<Option<RunnerScaleSet>> {
         let op = Operation::GetRunnerScaleSetById;
@@ -428,7 +429,7 @@ impl ActionsClient {
         Self::ok_json(&response)
     }
 
-    /// §5.3: creates a scale set. Without labels, the name becomes the only label; empty label types become
+    /// Creates a scale set. Without labels, the name becomes the only label; empty label types become
     /// `System`. A scale set with neither labels nor name is rejected without a request.
     pub async fn create_runner_scale_set(
         &self,
@@ -459,7 +460,7 @@ impl ActionsClient {
         Self::ok_json(&response)
     }
 
-    /// §5.4: partial update of scale set `id` (set only the fields to change); returns the updated set.
+    /// Partial update of scale set `id` (set only the fields to change); returns the updated set.
     pub async fn update_runner_scale_set(
         &self,
         id: i64,
@@ -482,7 +483,7 @@ impl ActionsClient {
         Self::ok_json(&response)
     }
 
-    /// §5.5: deletes scale set `id` (exactly 204).
+    /// Deletes scale set `id` (exactly 204).
     pub async fn delete_runner_scale_set(&self, id: i64) -> Result<()> {
         let op = Operation::DeleteRunnerScaleSet;
         let path = format!("/_apis/runtime/runnerscalesets/{id}");
@@ -492,7 +493,7 @@ impl ActionsClient {
         Self::expect(&response, StatusCode::NO_CONTENT)
     }
 
-    /// §5.6: the runner group named `name`. No match is [`ErrorKind::RunnerGroupNotFound`]. Callers use
+    /// The runner group named `name`. No match is [`ErrorKind::RunnerGroupNotFound`]. Callers use
     /// [`crate::DEFAULT_RUNNER_GROUP_ID`] for `default` without calling this.
     pub async fn get_runner_group_by_name(&self, name: &str) -> Result<RunnerGroup> {
         let op = Operation::GetRunnerGroupByName;
@@ -515,7 +516,7 @@ impl ActionsClient {
         })
     }
 
-    /// §5.7: registers a runner and returns its JIT configuration. A name clash is [`ErrorKind::RunnerExists`].
+    /// Registers a runner and returns its JIT configuration. A name clash is [`ErrorKind::RunnerExists`].
     pub async fn generate_jit_runner_config(
         &self,
         scale_set_id: i64,
@@ -536,7 +537,7 @@ impl ActionsClient {
         Self::ok_json(&response)
     }
 
-    /// §5.8: the runner with `runner_id`. Unknown runners are [`ErrorKind::RunnerNotFound`].
+    /// The runner with `runner_id`. Unknown runners are [`ErrorKind::RunnerNotFound`].
     pub async fn get_runner(&self, runner_id: i64) -> Result<RunnerReference> {
         let op = Operation::GetRunner;
         let path = format!("/_apis/distributedtask/pools/0/agents/{runner_id}");
@@ -546,7 +547,7 @@ impl ActionsClient {
         Self::ok_json(&response)
     }
 
-    /// §5.9: the runner named `name`, or `None`.
+    /// The runner named `name`, or `None`.
     pub async fn get_runner_by_name(&self, name: &str) -> Result<Option<RunnerReference>> {
         let op = Operation::GetRunnerByName;
         let response = self
@@ -563,7 +564,7 @@ impl ActionsClient {
         Self::single(&response, "runners", name)
     }
 
-    /// §5.10: removes a runner (204, also when it does not exist). A busy runner is
+    /// Removes a runner (204, also when it does not exist). A busy runner is
     /// [`ErrorKind::JobStillRunning`].
     pub async fn remove_runner(&self, runner_id: i64) -> Result<()> {
         let op = Operation::RemoveRunner;
@@ -574,7 +575,7 @@ impl ActionsClient {
         Self::expect(&response, StatusCode::NO_CONTENT)
     }
 
-    /// §5.11: creates a message session. A second session for the same set is [`ErrorKind::SessionConflict`].
+    /// Creates a message session. A second session for the same set is [`ErrorKind::SessionConflict`].
     pub async fn create_message_session(
         &self,
         scale_set_id: i64,
@@ -600,7 +601,7 @@ impl ActionsClient {
         Self::ok_json(&response)
     }
 
-    /// §5.12: refreshes a session, returning it with a new message-queue token. A session the service dropped
+    /// Refreshes a session, returning it with a new message-queue token. A session the service dropped
     /// is [`ErrorKind::SessionNotFound`].
     pub async fn refresh_message_session(
         &self,
@@ -615,7 +616,7 @@ impl ActionsClient {
         Self::ok_json(&response)
     }
 
-    /// §5.13: deletes a session (exactly 204).
+    /// Deletes a session (exactly 204).
     pub async fn delete_message_session(
         &self,
         scale_set_id: i64,
@@ -629,7 +630,7 @@ impl ActionsClient {
         Self::expect(&response, StatusCode::NO_CONTENT)
     }
 
-    /// §5.14: long-polls the message queue. `None` when the poll window passed without a message (202).
+    /// Long-polls the message queue. `None` when the poll window passed without a message (202).
     /// 401 is [`ErrorKind::MessageQueueTokenExpired`]; [`MessageSessionClient`] handles it by refreshing.
     pub async fn get_message(
         &self,
@@ -677,7 +678,7 @@ impl ActionsClient {
             })
     }
 
-    /// §5.15: acknowledges (deletes) a message (exactly 204).
+    /// Acknowledges (deletes) a message (exactly 204).
     pub async fn delete_message(
         &self,
         queue_url: &str,
@@ -702,7 +703,7 @@ impl ActionsClient {
         }
     }
 
-    /// §5.16: acquires jobs by `runnerRequestId`; returns the ids actually acquired (possibly fewer).
+    /// Acquires jobs by `runnerRequestId`; returns the ids actually acquired (possibly fewer).
     pub async fn acquire_jobs(
         &self,
         scale_set_id: i64,
@@ -724,7 +725,7 @@ impl ActionsClient {
         }
     }
 
-    /// §5.17 (older ARC client): jobs the scale set may acquire; 204 means none.
+    /// Jobs the scale set may acquire (only ARC's older client used this); 204 means none.
     pub async fn get_acquirable_jobs(&self, scale_set_id: i64) -> Result<Vec<AcquirableJob>> {
         let op = Operation::GetAcquirableJobs;
         let path = format!("/_apis/runtime/runnerscalesets/{scale_set_id}/acquirablejobs");

@@ -1,5 +1,6 @@
 //! The GitHub config URL: which repository, organization or enterprise the scale set belongs to, whether it is
-//! hosted GitHub or GitHub Enterprise Server, and where the GitHub REST API lives (spec §2).
+//! hosted GitHub or GitHub Enterprise Server, and where the GitHub REST API lives
+//! (docs/reference/actions-service-protocol.md, "Config URL").
 
 use std::fmt;
 
@@ -45,7 +46,7 @@ impl fmt::Display for Scope {
 /// A parsed GitHub config URL (`githubConfigUrl`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GitHubConfig {
-    /// The input with leading and trailing `/` removed: the exact string sent to runner-registration (§3.5).
+    /// The input with leading and trailing `/` removed: the exact string sent to runner-registration.
     canonical: String,
     url: Url,
     scope: Scope,
@@ -120,7 +121,7 @@ impl GitHubConfig {
     }
 
     /// The GitHub REST API base, without a trailing slash: `https://api.github.com` for hosted GitHub,
-    /// `https://host/api/v3` otherwise (§2.3).
+    /// `https://host/api/v3` otherwise.
     pub fn api_base(&self) -> String {
         let scheme = self.url.scheme();
         let host = host_with_port(&self.url);
@@ -144,7 +145,7 @@ impl GitHubConfig {
         })
     }
 
-    /// The registration-token path for this scope (§3.4).
+    /// The registration-token path for this scope.
     pub fn registration_token_path(&self) -> String {
         match &self.scope {
             Scope::Organization { organization } => {

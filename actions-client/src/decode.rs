@@ -1,4 +1,5 @@
-//! Tolerant JSON decoding matching the reference client's decoder (spec §0.1).
+//! Tolerant JSON decoding matching the reference client's decoder
+//! (docs/reference/actions-service-protocol.md, "Decoding rules").
 //!
 //! Go matches object keys to fields case-insensitively and treats `null` like a missing key. serde does neither,
 //! so bodies are first parsed into a [`serde_json::Value`], every key that case-insensitively equals a known field

@@ -1,5 +1,6 @@
-//! The crate's error type (spec §8): what failed, the request and response it concerned, and what kind of
-//! condition it was, so callers can branch on [`ErrorKind`] instead of parsing text.
+//! The crate's error type: what failed, the request and response it concerned, and what kind of condition it
+//! was, so callers can branch on [`ErrorKind`] instead of parsing text
+//! (docs/reference/actions-service-protocol.md, "Errors").
 
 use std::fmt;
 use std::sync::Arc;
@@ -80,45 +81,45 @@ impl fmt::Display for KeyProblem {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Operation {
-    /// GitHub: create an App installation access token (§3.3).
+    /// GitHub: create an App installation access token.
     CreateInstallationToken,
-    /// GitHub: create a runner registration token (§3.4).
+    /// GitHub: create a runner registration token.
     CreateRegistrationToken,
-    /// GitHub: runner-registration, discovering the Actions Service and its admin token (§3.5).
+    /// GitHub: runner-registration, discovering the Actions Service and its admin token.
     RegisterRunnerAdmin,
-    /// §5.1.
+    /// Actions Service: get a scale set by name.
     GetRunnerScaleSet,
-    /// §5.2.
+    /// Actions Service: get a scale set by id.
     GetRunnerScaleSetById,
-    /// §5.3.
+    /// Actions Service: create a scale set.
     CreateRunnerScaleSet,
-    /// §5.4.
+    /// Actions Service: update a scale set.
     UpdateRunnerScaleSet,
-    /// §5.5.
+    /// Actions Service: delete a scale set.
     DeleteRunnerScaleSet,
-    /// §5.6.
+    /// Actions Service: get a runner group by name.
     GetRunnerGroupByName,
-    /// §5.7.
+    /// Actions Service: generate a JIT config (registers a runner).
     GenerateJitRunnerConfig,
-    /// §5.8.
+    /// Actions Service: get a runner by id.
     GetRunner,
-    /// §5.9.
+    /// Actions Service: get a runner by name.
     GetRunnerByName,
-    /// §5.10.
+    /// Actions Service: remove (deregister) a runner.
     RemoveRunner,
-    /// §5.11.
+    /// Actions Service: create a message session.
     CreateMessageSession,
-    /// §5.12.
+    /// Actions Service: refresh a message session.
     RefreshMessageSession,
-    /// §5.13.
+    /// Actions Service: delete a message session.
     DeleteMessageSession,
-    /// §5.14.
+    /// Message queue: get a message (long poll).
     GetMessage,
-    /// §5.15.
+    /// Message queue: acknowledge (delete) a message.
     DeleteMessage,
-    /// §5.16.
+    /// Actions Service, with the message-queue token: acquire jobs.
     AcquireJobs,
-    /// §5.17.
+    /// Actions Service: jobs the scale set may acquire (ARC's older client only).
     GetAcquirableJobs,
 }
 
@@ -149,7 +150,7 @@ impl Operation {
         }
     }
 
-    /// Whether this call goes to the message queue or uses its token (§7.3: 401 means the queue token expired).
+    /// Whether this call goes to the message queue or uses its token (then a 401 means the queue token expired).
     pub fn uses_message_queue_token(self) -> bool {
         matches!(
             self,
@@ -269,7 +270,7 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-/// The exception object the Actions Service sends in error bodies (§8.1).
+/// The exception object the Actions Service sends in error bodies.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
 pub struct ServiceException {
     /// Fully qualified .NET type name, e.g. `GitHub.DistributedTask.WebApi.AgentExistsException, ...`.
@@ -280,7 +281,7 @@ pub struct ServiceException {
     pub message: String,
 }
 
-/// A failed request: everything known about it for diagnostics (§8.3).
+/// A failed request: everything known about it for diagnostics.
 #[derive(Debug, Clone)]
 pub struct RequestError {
     /// What the request was for.
@@ -469,7 +470,8 @@ impl From<RequestError> for Error {
     }
 }
 
-/// Which kind a non-success response is, from the operation, the status and the exception type (§8.3).
+/// Which kind a non-success response is, from the operation, the status and the exception type
+/// (docs/reference/actions-service-protocol.md, "Error kinds").
 /// Exception names are matched as substrings because the service sends fully qualified .NET names.
 pub fn classify_response(
     operation: Operation,

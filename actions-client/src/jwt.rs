@@ -1,4 +1,5 @@
-//! JWTs: the GitHub App JWT this client signs (spec §3.2), and the expiry of the admin token it is handed (§3.6).
+//! JWTs: the GitHub App JWT this client signs, and the expiry of the admin token it is handed
+//! (docs/reference/actions-service-protocol.md, "App JWT" and "Admin token lifetime").
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
@@ -224,7 +225,7 @@ pub fn admin_token_expiry(token: &SecretString) -> Result<Timestamp, Error> {
         .map_err(|_| fail("the \"exp\" claim is out of range"))
 }
 
-/// Seconds before expiry at which the admin token is replaced (§3.6).
+/// Seconds before expiry at which the admin token is replaced.
 pub const ADMIN_TOKEN_REFRESH_MARGIN_SECS: i64 = 60;
 
 /// Whether the admin token must be refreshed before the next Actions Service call: when none is held yet, or it
@@ -402,7 +403,7 @@ pub(crate) mod tests {
         let exp = admin_token_expiry(&token(r#"{"alg":"HS256"}"#, r#"{"exp":1700003600.5}"#))
             .expect("fractional");
         assert_eq!(exp.as_millisecond(), 1_700_003_600_500);
-        // The spec's sample admin token.
+        // A sample admin token: an RS256 header and `exp` 1700003600, with a dummy signature.
         let sample =
             SecretString::new("eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.eyJleHAiOjE3MDAwMDM2MDB9.c2ln");
         assert_eq!(

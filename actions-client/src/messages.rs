@@ -1,4 +1,5 @@
-//! Long-poll messages and the job messages inside them (spec §5.14, §6.10).
+//! Long-poll messages and the job messages inside them
+//! (docs/reference/actions-service-protocol.md, "Get a message" and "Job messages").
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -189,7 +190,7 @@ impl From<serde_json::Error> for MessageProblem {
     }
 }
 
-/// Parses a long-poll envelope and its `body` (§5.14): unknown job kinds are skipped, a malformed element fails
+/// Parses a long-poll envelope and its `body`: unknown job kinds are skipped, a malformed element fails
 /// the whole message.
 pub fn parse_message(raw: RawMessage) -> Result<RunnerScaleSetMessage, MessageProblem> {
     if raw.message_type != RUNNER_SCALE_SET_JOB_MESSAGES {

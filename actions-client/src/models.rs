@@ -1,4 +1,5 @@
-//! Wire types of the Actions Service and the GitHub REST calls (spec §6), with the exact JSON key spelling.
+//! Wire types of the Actions Service and the GitHub REST calls, with the exact JSON key spelling
+//! (docs/reference/actions-service-protocol.md, "Data model").
 //!
 //! Encoding follows the reference client's omission rules; decoding goes through [`crate::decode`], which adds
 //! case-insensitive keys and `null` tolerance, and every struct defaults missing keys.
@@ -30,7 +31,7 @@ pub const DEFAULT_RUNNER_GROUP_NAME: &str = "default";
 /// Id of the `default` runner group.
 pub const DEFAULT_RUNNER_GROUP_ID: i64 = 1;
 
-/// A runner scale set (§6.1).
+/// A runner scale set.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct RunnerScaleSet {
@@ -63,7 +64,7 @@ pub struct RunnerScaleSet {
     pub statistics: Option<Statistics>,
 }
 
-/// A scale-set label (§6.2). Both keys are always emitted, `type` first.
+/// A scale-set label. Both keys are always emitted, `type` first.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Label {
@@ -84,7 +85,7 @@ impl Label {
     }
 }
 
-/// Runner settings of a scale set (§6.3). `ephemeral` and `isElastic` exist only in ARC's older client.
+/// Runner settings of a scale set. `ephemeral` and `isElastic` exist only in ARC's older client.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct RunnerSetting {
@@ -99,7 +100,7 @@ pub struct RunnerSetting {
     pub is_elastic: bool,
 }
 
-/// Scale-set statistics (§6.4); all keys always emitted.
+/// Scale-set statistics; all keys always emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct Statistics {
@@ -207,7 +208,7 @@ impl<'de> Deserialize<'de> for SessionId {
     }
 }
 
-/// A message session (§6.5).
+/// A message session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct RunnerScaleSetSession {
@@ -230,7 +231,7 @@ pub struct RunnerScaleSetSession {
     pub statistics: Option<Statistics>,
 }
 
-/// A runner group (§6.6).
+/// A runner group.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct RunnerGroup {
@@ -244,7 +245,7 @@ pub struct RunnerGroup {
     pub is_default_group: bool,
 }
 
-/// A registered runner (§6.7).
+/// A registered runner.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct RunnerReference {
@@ -256,7 +257,7 @@ pub struct RunnerReference {
     pub runner_scale_set_id: i64,
 }
 
-/// Request body of generate-JIT-config (§5.7); both keys always emitted.
+/// Request body of generate-JIT-config; both keys always emitted.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct JitSetting {
@@ -266,7 +267,7 @@ pub struct JitSetting {
     pub work_folder: String,
 }
 
-/// Response of generate-JIT-config (§5.7).
+/// Response of generate-JIT-config.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct JitRunnerConfig {
@@ -277,7 +278,7 @@ pub struct JitRunnerConfig {
     pub encoded_jit_config: SecretString,
 }
 
-/// The generic `{count, value}` list envelope (§6.9). Decisions use `count`, as the reference client does.
+/// The generic `{count, value}` list envelope. Decisions use `count`, as the reference client does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ListEnvelope<T> {
@@ -296,7 +297,7 @@ impl<T> Default for ListEnvelope<T> {
     }
 }
 
-/// A job offered to the scale set, from the acquirable-jobs endpoint (§5.17).
+/// A job offered to the scale set, from the acquirable-jobs endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct AcquirableJob {
@@ -318,7 +319,7 @@ pub struct AcquirableJob {
     pub request_labels: Vec<String>,
 }
 
-/// A GitHub token response (installation token §3.3, registration token §3.4).
+/// A GitHub token response (installation token, registration token).
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default)]
 pub struct GitHubToken {
@@ -329,7 +330,7 @@ pub struct GitHubToken {
     pub expires_at: Option<Timestamp>,
 }
 
-/// Body of runner-registration (§3.5).
+/// Body of runner-registration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RunnerRegistrationRequest<'a> {
     /// The canonical config URL.
@@ -338,7 +339,7 @@ pub struct RunnerRegistrationRequest<'a> {
     pub runner_event: &'a str,
 }
 
-/// Response of runner-registration (§3.5).
+/// Response of runner-registration.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default)]
 pub struct AdminConnectionResponse {
@@ -348,7 +349,7 @@ pub struct AdminConnectionResponse {
     pub token: SecretString,
 }
 
-/// The raw long-poll envelope (§5.14) before its `body` is parsed.
+/// The raw long-poll envelope before its `body` is parsed.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct RawMessage {

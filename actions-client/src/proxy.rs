@@ -1,5 +1,5 @@
-//! Proxy settings (spec §9.3; listener spec §1.7): read from the environment or given explicitly, with
-//! credentials, turned into reqwest proxies.
+//! Proxy settings: read from the environment or given explicitly, with credentials, turned into reqwest
+//! proxies (docs/reference/actions-service-protocol.md, "Proxy").
 //!
 //! The environment is read by this module rather than by reqwest so that the rules are the protocol's (upper-case
 //! name wins, a scheme-less value means `http://`, loopback never proxied) and can be tested without touching the

@@ -1,4 +1,5 @@
-//! When to repeat a request and how long to wait (spec §9.1): pure decisions, driven by `backon` in the transport.
+//! When to repeat a request and how long to wait: pure decisions, driven by `backon` in the transport
+//! (docs/reference/actions-service-protocol.md, "Retries").
 //!
 //! Only transient outcomes are retried: connection failures, 429 and 5xx other than 501. A request that may have
 //! taken effect (a create call whose response was lost to a timeout or reset) is not repeated, because repeating
@@ -75,14 +76,14 @@ pub enum TransportFailure {
     Unsendable,
 }
 
-/// 429 and every 5xx except 501 Not Implemented (§9.1).
+/// 429 and every 5xx except 501 Not Implemented.
 pub fn status_is_transient(status: StatusCode) -> bool {
     status == StatusCode::TOO_MANY_REQUESTS
         || (status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED)
 }
 
 /// Whether a response status warrants another attempt. `retry_auth_failures` is set only for runner-registration,
-/// which GitHub may briefly answer with 401/403 right after the registration token is issued (§3.5).
+/// which GitHub may briefly answer with 401/403 right after the registration token is issued.
 pub fn should_retry_status(status: StatusCode, retry_auth_failures: bool) -> bool {
     // A status response means the server processed and reported the outcome; the reference client's contract
     // (e.g. 500 on session creation is retried) applies to creates too.

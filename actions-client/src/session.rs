@@ -1,5 +1,5 @@
 //! A message session owned by one listener: long poll, acknowledge, acquire, with the message-queue token
-//! refreshed transparently (spec §7).
+//! refreshed transparently (docs/reference/actions-service-protocol.md, "Message sessions").
 
 use tokio::sync::Mutex;
 
@@ -10,7 +10,7 @@ use crate::models::{RunnerScaleSetSession, Statistics};
 use crate::secret::SecretString;
 
 /// Owns a message session. On a 401 from the queue or acquire-jobs it refreshes the session once and repeats the
-/// call once (§7.3); a second 401 is returned as [`ErrorKind::MessageQueueTokenExpired`].
+/// call once; a second 401 is returned as [`ErrorKind::MessageQueueTokenExpired`].
 ///
 /// Calls may run concurrently: when several see the same stale token, only the first refreshes.
 /// The session is not deleted on drop (that needs an async call); call [`MessageSessionClient::close`].
@@ -60,7 +60,7 @@ impl MessageSessionClient {
         }
     }
 
-    /// Refreshes the session (§5.12) and stores the result.
+    /// Refreshes the session and stores the result.
     pub async fn refresh(&self) -> Result<()> {
         let mut session = self.session.lock().await;
         let refreshed = self
@@ -139,7 +139,7 @@ impl MessageSessionClient {
         .await
     }
 
-    /// Deletes the session (§5.13). Call on shutdown, outside any cancelled context.
+    /// Deletes the session. Call on shutdown, outside any cancelled context.
     pub async fn close(&self) -> Result<()> {
         let session_id = self.session.lock().await.session_id;
         self.client

@@ -1,5 +1,6 @@
 //! The HTTP layer: client construction (timeouts, proxy, TLS roots), the User-Agent, and sending one logical
-//! request with retries, a per-attempt timeout and an overall deadline (spec §4.3, §9).
+//! request with retries, a per-attempt timeout and an overall deadline
+//! (docs/reference/actions-service-protocol.md, "Transport").
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -59,7 +60,7 @@ impl Default for SystemInfo {
     }
 }
 
-/// The User-Agent value: a compact JSON object with the keys in the reference order (§4.3). `build_version` and
+/// The User-Agent value: a compact JSON object with the keys in the reference order. `build_version` and
 /// `build_commit_sha` describe this crate; for a plain release version the commit is the version string itself.
 pub fn user_agent(info: &SystemInfo) -> String {
     #[derive(Serialize)]
@@ -287,7 +288,7 @@ impl Response {
         }
     }
 
-    /// Decodes a success body leniently (§0.1).
+    /// Decodes a success body leniently (see `crate::decode`).
     pub(crate) fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
         decode::from_slice(&self.body).map_err(|e| {
             let mut err = self.base_error(ErrorKind::InvalidResponse);
@@ -304,7 +305,7 @@ impl Response {
         err.into()
     }
 
-    /// The error for an unexpected status, built as in spec §8.3: the body is read as a service exception
+    /// The error for an unexpected status: the body is read as a service exception
     /// unless it is empty or plain text; the kind comes from the exception name, the status and the operation.
     /// `forced` overrides the kind (and then the raw body is kept, as the reference client does).
     pub(crate) fn status_error(&self, forced: Option<ErrorKind>) -> Error {

@@ -1,4 +1,5 @@
-//! URL construction for Actions Service and message-queue requests (spec §4.1, §5.14, §5.15).
+//! URL construction for Actions Service and message-queue requests
+//! (docs/reference/actions-service-protocol.md, "URL and query", "Get a message", "Acknowledge a message").
 
 use std::collections::BTreeMap;
 

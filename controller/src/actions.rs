@@ -1,10 +1,10 @@
-//! Actions Service clients for the reconcilers (spec §3.5, §3.6): credentials from the Secret a resource names,
-//! its proxy and CA settings, a cache keyed by what the client was built from, and a deadline plus a metric on
-//! every call.
+//! Actions Service clients for the reconcilers: credentials from the Secret a resource names, its proxy and CA
+//! settings, a cache keyed by what the client was built from, and a deadline plus a metric on every call
+//! (docs/reference/controllers.md, "Credentials Secret" and "Actions Service calls by controller").
 //!
 //! The credentials Secret is read directly (Secrets are not watched, as in ARC) when a client is needed, reusing a
 //! read for at most two seconds, so a rotated Secret takes effect within seconds without restarting anything
-//! (beyond-ARC item 14).
+//! (docs/reference/beyond-arc.md, item 14).
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -450,7 +450,7 @@ impl Actions {
     }
 }
 
-/// Scale-set operations of the AutoscalingRunnerSet controller (spec §3.5).
+/// Scale-set operations of the AutoscalingRunnerSet controller.
 impl Actions {
     /// The id of runner group `name`; an empty name is the default group (id 1) without a call.
     pub async fn runner_group_id(&self, name: &str) -> Result<i64> {
@@ -562,8 +562,8 @@ pub fn is_runner_exists(error: &Error) -> bool {
     matches!(error, Error::GenerateJitConfig { source, .. } if source.is(ErrorKind::RunnerExists))
 }
 
-/// Whether the credentials Secret is gone, or may no longer be read (Helm removed the permission first, §6 item
-/// 24): nothing can talk to GitHub for this resource any more.
+/// Whether the credentials Secret is gone, or may no longer be read (Helm removed the permission first): nothing
+/// can talk to GitHub for this resource any more (docs/reference/beyond-arc.md, item 13).
 pub fn credentials_gone(error: &Error) -> bool {
     match error {
         Error::CredentialsSecretMissing { .. } => true,

@@ -222,7 +222,7 @@ impl Args {
     }
 
     /// What listeners are built from: the controller namespace and image from the environment, the listener's
-    /// log settings and metrics address from the manager's flags (ARC's mapping, §5.1).
+    /// log settings and metrics address from the manager's flags (ARC's mapping).
     pub fn listener_settings(&self) -> ListenerSettings {
         let metrics_addr = self.listener_metrics_addr.trim();
         let metrics_on = !metrics_addr.is_empty() && metrics_addr != "0";

@@ -1,9 +1,9 @@
 //! Deterministic hashes of desired state, stored in `actions.github.com/integrity-hash` and
 //! `pod-template-hash`.
 //!
-//! ARC hashes a Go-specific dump that cannot be reproduced (spec §2.6); this manager hashes canonical JSON
+//! ARC hashes a Go-specific dump that cannot be reproduced; this manager hashes canonical JSON
 //! (object keys sorted at every level) with the same FNV-1a + safe-encode scheme ARC uses for names, so values
-//! look alike and are stable across runs, builds and field order.
+//! look alike and are stable across runs, builds and field order (docs/reference/controllers.md, "Hashes").
 
 use serde::Serialize;
 use serde_json::Value;

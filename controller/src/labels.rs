@@ -1,7 +1,8 @@
-//! Label and annotation merging (spec §2.5), and label-value sanitising for values that come from GitHub.
+//! Label and annotation merging (docs/reference/controllers.md, "Label and annotation merging"), and label-value
+//! sanitising for values that come from GitHub.
 //!
 //! ARC returns an absent map when both inputs are absent and panics on a labels-only metadata block (a Go nil
-//! map); here an absent input is simply empty, which is the evident intent (§7.2).
+//! map); here an absent input is simply empty, which is the evident intent.
 
 use std::collections::BTreeMap;
 

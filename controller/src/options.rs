@@ -60,7 +60,7 @@ pub const ARS_FIELD_MANAGER: &str = "arc-rs/autoscalingrunnerset";
 /// Field manager of the AutoscalingListener controller's server-side applies (listener Secrets and RBAC).
 pub const AL_FIELD_MANAGER: &str = "arc-rs/autoscalinglistener";
 
-/// What the AutoscalingRunnerSet and AutoscalingListener controllers need to build listeners (spec §3.2, §5.2).
+/// What the AutoscalingRunnerSet and AutoscalingListener controllers need to build listeners.
 #[derive(Debug, Clone)]
 pub struct ListenerSettings {
     /// Controller namespace (`CONTROLLER_MANAGER_POD_NAMESPACE`), where listeners, their pods, ServiceAccounts

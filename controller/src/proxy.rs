@@ -1,5 +1,6 @@
-//! Proxy settings of a resource (`spec.proxy`): for the controller's own Actions client (§3.6.3) and as the
-//! data of the proxy Secret that runner pods read their `http_proxy`/`https_proxy`/`no_proxy` from (§3.2.6).
+//! Proxy settings of a resource (`spec.proxy`): for the controller's own Actions client and as the data of the
+//! proxy Secret that runner pods read their `http_proxy`/`https_proxy`/`no_proxy` from
+//! (docs/reference/controllers.md, "Proxy Secrets").
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
-//! GitHub credentials as stored in a Kubernetes Secret or a vault secret (§1.8): a personal access token, or a
-//! GitHub App (app or client ID, installation ID, private key).
+//! GitHub credentials as stored in a Kubernetes Secret or a vault secret: a personal access token, or a GitHub App
+//! (app or client ID, installation ID, private key); docs/reference/controllers.md, "Credentials Secret".
 
 use std::collections::BTreeMap;
 use std::fmt;

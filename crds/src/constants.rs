@@ -9,7 +9,7 @@ pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` of the four kinds.
 pub const API_VERSION: &str = "actions.github.com/v1alpha1";
 
-// Finalizers (§2.1).
+// Finalizers (docs/reference/controllers.md, "Finalizers").
 
 /// On AutoscalingRunnerSets; removed by the ARS controller after cleanup.
 pub const AUTOSCALING_RUNNER_SET_FINALIZER: &str =
@@ -27,7 +27,7 @@ pub const EPHEMERAL_RUNNER_REGISTRATION_FINALIZER: &str =
 /// controller when the ARS is deleted.
 pub const CLEANUP_PROTECTION_FINALIZER: &str = "actions.github.com/cleanup-protection";
 
-// Annotations (§2.2).
+// Annotations (docs/reference/controllers.md, "Annotations").
 
 /// Decimal scale set ID on the ARS (no prefix, as in ARC).
 pub const RUNNER_SCALE_SET_ID_ANNOTATION: &str = "runner-scale-set-id";
@@ -63,7 +63,7 @@ pub const CLEANUP_NO_PERMISSION_SERVICE_ACCOUNT_NAME_ANNOTATION: &str =
 /// Set by Helm on the ARS; not read by the controllers.
 pub const VALUES_HASH_ANNOTATION: &str = "actions.github.com/values-hash";
 
-// Labels (§2.3).
+// Labels (docs/reference/controllers.md, "Labels").
 
 /// `app.kubernetes.io/part-of`, value [`PART_OF_VALUE`].
 pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
@@ -114,8 +114,9 @@ pub const LISTENER_CONTAINER_NAME: &str = "listener";
 /// Environment variable of the runner container that enables container hooks.
 pub const CONTAINER_HOOKS_ENV: &str = "ACTIONS_RUNNER_CONTAINER_HOOKS";
 
-/// Values of `status.phase` (§4.1). ARS: Pending, Running, Outdated. ERS: Running, Outdated. ER: empty, Pending,
-/// Running, Succeeded, Failed, Outdated (Pending/Running/Succeeded/Failed copy the pod phase).
+/// Values of `status.phase` (docs/reference/controllers.md, "Status phases"). ARS: Pending, Running, Outdated.
+/// ERS: Running, Outdated. ER: empty, Pending, Running, Succeeded, Failed, Outdated (Pending/Running/Succeeded/Failed
+/// copy the pod phase).
 pub mod phase {
     /// Being set up.
     pub const PENDING: &str = "Pending";
@@ -129,7 +130,7 @@ pub mod phase {
     pub const FAILED: &str = "Failed";
 }
 
-/// Values of ER `status.reason` written by the controllers besides a pod's own reason (§4.1).
+/// Values of ER `status.reason` written by the controllers besides a pod's own reason.
 pub mod reason {
     /// The runner pod could not be created from the template.
     pub const INVALID_POD: &str = "InvalidPod";

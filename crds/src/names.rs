@@ -1,5 +1,6 @@
-//! Object names and label values derived from other objects (§2.4). They must match ARC's exactly: a controller
-//! taking over from ARC finds the existing listener and proxy Secrets by these names.
+//! Object names and label values derived from other objects (docs/reference/controllers.md, "Object names").
+//! They must match ARC's exactly: a controller taking over from ARC finds the existing listener and proxy Secrets
+//! by these names.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
 //! The version gate: a controller only reconciles AutoscalingRunnerSets whose `app.kubernetes.io/version` label is
-//! compatible with its own build version (§1.7).
+//! compatible with its own build version (docs/reference/controllers.md, "The version gate").
 
 /// Build version used when none is injected at build time (never compatible with a released chart).
 pub const UNKNOWN_BUILD_VERSION: &str = "NA";

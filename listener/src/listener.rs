@@ -6,7 +6,7 @@
 //! EphemeralRunner status), every `JobCompleted` (metrics), then scale to the message's `totalAssignedJobs`. An
 //! empty poll re-sends the scaling patch for the last statistics.
 //!
-//! # Guarantees (beyond ARC)
+//! # Guarantees (beyond ARC: docs/reference/beyond-arc.md, items 1 to 3 and 5)
 //! * No service or Kubernetes error ends the loop. Transient ones are retried in place for a short budget, then
 //!   the loop backs off (capped, jittered) and resumes; the session is replaced when the service no longer
 //!   accepts it. Errors that need a person back off up to 5 minutes and set `gha_listener_fatal_error`.

@@ -1,4 +1,5 @@
-//! The scaling rule and the `patchID` protocol, as pure functions (listener spec §4.4, §4.5).
+//! The scaling rule and the `patchID` protocol, as pure functions (docs/reference/controllers.md, "Scaling rule"
+//! and "The patch-ID protocol").
 //!
 //! The EphemeralRunnerSet controller reads `patchID` as follows: 0 means "converge exactly to `replicas`" (it may
 //! delete idle runners), any other value allows scaling up only and is acted upon once. So the listener sends a

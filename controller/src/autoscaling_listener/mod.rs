@@ -1,5 +1,6 @@
-//! The AutoscalingListener controller (spec §3.2): runs one listener pod per AutoscalingRunnerSet, with its
-//! config Secret, proxy Secret, ServiceAccount and least-privilege Role and RoleBinding.
+//! The AutoscalingListener controller: runs one listener pod per AutoscalingRunnerSet, with its config Secret,
+//! proxy Secret, ServiceAccount and least-privilege Role and RoleBinding
+//! (docs/reference/controllers.md, "AutoscalingListener controller").
 //!
 //! Wiring: primary listeners and listener pods from the manager's shared watches (both in the controller
 //! namespace); pod deletions (which shared watches do not forward) through `reconcile_on`; ServiceAccounts as

@@ -1,4 +1,4 @@
-//! One AutoscalingListener reconcile (spec §3.2.1).
+//! One AutoscalingListener reconcile (docs/reference/controllers.md, "AL reconcile").
 //!
 //! # Expected flow
 //! finalizer → scale set still there? → ServiceAccount → Role → RoleBinding → proxy Secret → config Secret →
@@ -504,7 +504,7 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// §3.2.8: everything this controller created goes, then the finalizer.
+    /// Deletion: everything this controller created goes, then the finalizer.
     async fn finalize(&self) -> Result<Action> {
         if !self
             .listener
@@ -580,7 +580,7 @@ pub enum PodState {
     Failed(String),
 }
 
-/// The state of the listener container of `pod` (§3.2.1 step 12).
+/// The state of the listener container of `pod`.
 pub fn pod_state(pod: &Pod) -> PodState {
     let Some(status) = &pod.status else {
         return PodState::Starting;

@@ -1,5 +1,6 @@
-//! The objects an AutoscalingListener runs on (spec §3.2.2–§3.2.5), as pure functions: the listener's
-//! ServiceAccount, Role and RoleBinding, its `config.json`, and its pod with the user's template merged in.
+//! The objects an AutoscalingListener runs on, as pure functions: the listener's ServiceAccount, Role and
+//! RoleBinding, its `config.json`, and its pod with the user's template merged in
+//! (docs/reference/controllers.md, "AutoscalingListener controller").
 //!
 //! Beyond ARC: a template field that is unset keeps the controller's default (ARC replaces, for example,
 //! `terminationGracePeriodSeconds` even when the template leaves it unset, so any template, such as the chart's
@@ -94,7 +95,7 @@ impl ListenerIdentity<'_> {
         ])
     }
 
-    /// Labels of an object built from the listener's labels plus `own`, then the user's metadata (§2.5).
+    /// Labels of an object built from the listener's labels plus `own`, then the user's metadata.
     fn labels(
         &self,
         own: &BTreeMap<String, String>,
@@ -114,7 +115,7 @@ fn with_hash(mut annotations: BTreeMap<String, String>, hash: String) -> BTreeMa
     annotations
 }
 
-/// The listener's ServiceAccount (§3.2.4).
+/// The listener's ServiceAccount.
 pub fn service_account(id: &ListenerIdentity<'_>) -> Result<ServiceAccount> {
     let meta = id.listener.spec.service_account_metadata.as_ref();
     // Nothing of the account's content is generated, so its hash only covers its (constant) shape.
@@ -142,7 +143,7 @@ fn rbac_labels(id: &ListenerIdentity<'_>, meta: Option<&ResourceMeta>) -> BTreeM
     id.labels(&own, meta)
 }
 
-/// The rules of the listener's Role, exactly (§3.2.5): patch its own EphemeralRunnerSet, and patch
+/// The rules of the listener's Role, exactly: patch its own EphemeralRunnerSet, and patch
 /// EphemeralRunners and their status (job information) in that namespace.
 pub fn role_rules(ephemeral_runner_set: &str) -> Vec<PolicyRule> {
     vec![
@@ -214,7 +215,7 @@ pub fn role_binding(id: &ListenerIdentity<'_>) -> Result<RoleBinding> {
     })
 }
 
-/// Labels and annotations of the listener config Secret (§2.5).
+/// Labels and annotations of the listener config Secret.
 pub fn config_secret_metadata(
     listener: &AutoscalingListener,
     excluded_prefixes: &[String],
@@ -253,7 +254,7 @@ pub struct ConfigSettings<'a> {
     pub metrics_endpoint: &'a str,
 }
 
-/// `config.json` of the listener (§3.2.3), keys in ARC's order.
+/// `config.json` of the listener, keys in ARC's order (docs/reference/controllers.md, "Listener config file").
 #[derive(Debug, Serialize)]
 struct ListenerConfigJson<'a> {
     configure_url: &'a str,
@@ -399,7 +400,7 @@ pub struct PodInputs<'a> {
     pub dependencies_hash: String,
 }
 
-/// The listener pod (§3.2.2), the template merged in.
+/// The listener pod, the template merged in.
 pub fn listener_pod(id: &ListenerIdentity<'_>, inputs: &PodInputs<'_>) -> Result<Pod> {
     let listener = id.listener;
     let name = id.name();

@@ -216,7 +216,7 @@ fn dispatch(state: &mut State, request: &ApiRequest<'_>) -> Result<Reply, Reject
             Ok(Reply::empty(204))
         }
         Endpoint::AcquireJobs { tenant, scale_set } => {
-            // Acquire-jobs is an Actions Service call authorized with the message-queue token (§5.16).
+            // Acquire-jobs is an Actions Service call authorized with the message-queue token.
             let session = state.authorize_queue(request.authorization, None)?;
             require_api_version(request)?;
             let ids: Vec<i64> = parse_json(request.body)?;

@@ -73,7 +73,7 @@ fn undecodable() -> Rejection {
     Rejection::new(401, "A JSON web token could not be decoded")
 }
 
-/// Check an App JWT (§3.2) the way GitHub does: RS256 signed by the key of the App named in `iss`, `iat` not in
+/// Check an App JWT the way GitHub does: RS256 signed by the key of the App named in `iss`, `iat` not in
 /// the future (60 s drift allowed), `exp` in the future and at most ten minutes ahead. Returns the App.
 pub fn verify_app_jwt<'a>(
     token: &str,
@@ -135,7 +135,7 @@ struct AdminClaims<'a> {
     exp: i64,
 }
 
-/// Mint an admin token: an HS256 JWT whose `exp` is the expiry the client reads (§3.6). The fake recognises its
+/// Mint an admin token: an HS256 JWT whose `exp` is the expiry the client reads. The fake recognises its
 /// tokens by lookup, so the signing secret only has to make the token a well-formed JWT.
 pub fn mint_admin_token(
     secret: &[u8],

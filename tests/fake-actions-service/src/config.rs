@@ -37,7 +37,7 @@ pub struct Config {
     /// Most job messages in one queue message; the service caps batches at 50.
     pub max_job_messages_per_message: usize,
     /// Start every Actions Service and queue JSON body with a UTF-8 byte order mark, as the real service does;
-    /// clients must strip it (§0.1).
+    /// clients must strip it.
     pub byte_order_mark: bool,
     /// Seed for ids and tokens; `None` seeds from the clock. Fault decisions use their own seed.
     pub seed: Option<u64>,

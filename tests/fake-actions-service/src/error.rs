@@ -47,7 +47,7 @@ pub enum Error {
 pub struct Rejection {
     /// HTTP status.
     pub status: u16,
-    /// .NET exception type for Actions Service errors (§8.1); `None` for GitHub and control errors.
+    /// .NET exception type for Actions Service errors; `None` for GitHub and control errors.
     pub type_name: Option<String>,
     /// Human-readable text.
     pub message: String,
@@ -73,7 +73,7 @@ impl Rejection {
     }
 }
 
-/// Fully qualified .NET type names the fake answers with. The first three are matched by clients (§8.3); the
+/// Fully qualified .NET type names the fake answers with. The first three are matched by clients; the
 /// session conflict, scale-set-not-found, session-expired and admin-exception names were observed on the real
 /// service (public issues). The others are this fake's choice, built the same way.
 pub mod exceptions {

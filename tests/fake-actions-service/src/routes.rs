@@ -8,14 +8,15 @@ use std::fmt;
 
 use axum::http::Method;
 
-/// Path prefix of the GitHub REST API in GHES form (§2.3).
+/// Path prefix of the GitHub REST API in GHES form.
 pub const GITHUB_API_PREFIX: &str = "api/v3";
 /// First path segment of every Actions Service tenant URL: `{base}/tenant/{tenantId}/`.
 pub const TENANT_SEGMENT: &str = "tenant";
 /// Path of the message queue (long poll); acks append `/{messageId}`.
 pub const QUEUE_PATH: &str = "broker/message";
 
-/// Which of the three surfaces of §1 an endpoint belongs to. Fault rules may target a whole surface.
+/// Which of the three surfaces an endpoint belongs to (docs/reference/actions-service-protocol.md, "Surfaces").
+/// Fault rules may target a whole surface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Surface {
     /// GitHub REST API (`/api/v3/...`).
@@ -37,7 +38,7 @@ impl Surface {
     }
 }
 
-/// The scope a config URL points at (§2.1).
+/// The scope a config URL points at.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
     /// `{base}/enterprises/{enterprise}`.
@@ -54,7 +55,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    /// Scope of a config URL per §2.1: leading/trailing `/` trimmed, then one path segment is an organization,
+    /// Scope of a config URL: leading/trailing `/` trimmed, then one path segment is an organization,
     /// two are an enterprise (`enterprises/x`) or a repository, anything else is invalid.
     pub fn from_config_url(config_url: &str) -> Option<Self> {
         let parsed = url::Url::parse(config_url.trim_matches('/')).ok()?;
@@ -101,88 +102,88 @@ impl fmt::Display for Scope {
 /// A protocol endpoint with its path parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
-    /// `POST /api/v3/app/installations/{id}/access_tokens` (§3.3).
+    /// `POST /api/v3/app/installations/{id}/access_tokens`.
     InstallationToken {
         /// Installation id as written in the path (validated by the handler).
         installation_id: String,
     },
-    /// `POST /api/v3/{orgs|enterprises|repos}/.../actions/runners/registration-token` (§3.4).
+    /// `POST /api/v3/{orgs|enterprises|repos}/.../actions/runners/registration-token`.
     RegistrationToken {
         /// Scope from the path.
         scope: Scope,
     },
-    /// `POST /api/v3/actions/runner-registration` (§3.5).
+    /// `POST /api/v3/actions/runner-registration`.
     RunnerRegistration,
-    /// §5.1.
+    /// Get a scale set by name.
     GetScaleSetByName {
         /// Tenant id from the path.
         tenant: i64,
     },
-    /// §5.2.
+    /// Get a scale set by id.
     GetScaleSetById {
         /// Tenant id.
         tenant: i64,
         /// Scale set id.
         scale_set: i64,
     },
-    /// §5.3.
+    /// Create a scale set.
     CreateScaleSet {
         /// Tenant id.
         tenant: i64,
     },
-    /// §5.4.
+    /// Update a scale set.
     UpdateScaleSet {
         /// Tenant id.
         tenant: i64,
         /// Scale set id.
         scale_set: i64,
     },
-    /// §5.5.
+    /// Delete a scale set.
     DeleteScaleSet {
         /// Tenant id.
         tenant: i64,
         /// Scale set id.
         scale_set: i64,
     },
-    /// §5.6.
+    /// Get a runner group by name.
     GetRunnerGroupByName {
         /// Tenant id.
         tenant: i64,
     },
-    /// §5.7.
+    /// Generate a JIT config.
     GenerateJitConfig {
         /// Tenant id.
         tenant: i64,
         /// Scale set id.
         scale_set: i64,
     },
-    /// §5.8.
+    /// Get a runner by id.
     GetRunnerById {
         /// Tenant id.
         tenant: i64,
         /// Runner id.
         runner: i64,
     },
-    /// §5.9.
+    /// Get a runner by name.
     GetRunnerByName {
         /// Tenant id.
         tenant: i64,
     },
-    /// §5.10.
+    /// Remove a runner.
     RemoveRunner {
         /// Tenant id.
         tenant: i64,
         /// Runner id.
         runner: i64,
     },
-    /// §5.11.
+    /// Create a session.
     CreateSession {
         /// Tenant id.
         tenant: i64,
         /// Scale set id.
         scale_set: i64,
     },
-    /// §5.12.
+    /// Refresh a session.
     RefreshSession {
         /// Tenant id.
         tenant: i64,
@@ -191,7 +192,7 @@ pub enum Endpoint {
         /// Session id as written in the path.
         session: String,
     },
-    /// §5.13.
+    /// Delete a session.
     DeleteSession {
         /// Tenant id.
         tenant: i64,
@@ -200,21 +201,21 @@ pub enum Endpoint {
         /// Session id as written in the path.
         session: String,
     },
-    /// §5.14.
+    /// Get a message (long poll).
     GetMessage,
-    /// §5.15.
+    /// Acknowledge a message.
     DeleteMessage {
         /// Message id from the path.
         message: i64,
     },
-    /// §5.16.
+    /// Acquire jobs (message-queue token).
     AcquireJobs {
         /// Tenant id.
         tenant: i64,
         /// Scale set id.
         scale_set: i64,
     },
-    /// §5.17.
+    /// Acquirable jobs (ARC's older client only).
     AcquirableJobs {
         /// Tenant id.
         tenant: i64,
@@ -223,7 +224,7 @@ pub enum Endpoint {
     },
 }
 
-/// Every endpoint name, in spec order; counters report these keys.
+/// Every endpoint name, in the order of the reference's endpoint table; counters report these keys.
 pub const ENDPOINT_NAMES: [&str; 20] = [
     "installation_token",
     "registration_token",

@@ -211,7 +211,7 @@ async fn protocol(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -
     frame(&shared, Some(surface), reply)
 }
 
-/// §5.14: answer at once when a message is there, else wait for state changes until the timeout, then 202.
+/// The long poll: answer at once when a message is there, else wait for state changes until the timeout, then 202.
 async fn long_poll(shared: &Shared, request: &ApiRequest<'_>) -> Reply {
     let params = match shared.read(|state| api::prepare_poll(state, request)) {
         Ok(params) => params,

@@ -1,4 +1,5 @@
-//! JSON bodies of the protocol, spelled exactly as on the wire (spec §3, §5, §6, §8).
+//! JSON bodies of the protocol, spelled exactly as on the wire
+//! (docs/reference/actions-service-protocol.md, "Data model").
 //!
 //! Output types serialize every field the reference client reads; input types are lenient in the way the
 //! real service is (missing keys and `null` mean "not given") so that a client is judged on what it sends,
@@ -6,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A scale-set label (§6.2).
+/// A scale-set label.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Label {
     /// Label type; the clients only ever send `System`.
@@ -31,7 +32,7 @@ fn is_false(value: &bool) -> bool {
     !*value
 }
 
-/// Runner settings of a scale set (§6.3), including the two flags only ARC's older client sends.
+/// Runner settings of a scale set, including the two flags only ARC's older client sends.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunnerSetting {
@@ -46,7 +47,7 @@ pub struct RunnerSetting {
     pub is_elastic: bool,
 }
 
-/// `RunnerScaleSetStatistic` (§6.4). All seven counters are always emitted.
+/// `RunnerScaleSetStatistic`. All seven counters are always emitted.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Statistics {
@@ -66,7 +67,7 @@ pub struct Statistics {
     pub total_idle_runners: i64,
 }
 
-/// A scale set as the fake sends it (§6.1).
+/// A scale set as the fake sends it.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ScaleSetJson {
@@ -110,7 +111,7 @@ pub struct ScaleSetInput {
     pub runner_setting: Option<RunnerSetting>,
 }
 
-/// `{"count": N, "value": [...]}` (§6.9). `count` always equals `value.len()`.
+/// `{"count": N, "value": [...]}`. `count` always equals `value.len()`.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct ListEnvelope<T> {
     /// Number of items.
@@ -128,7 +129,7 @@ impl<T> From<Vec<T>> for ListEnvelope<T> {
     }
 }
 
-/// A runner group (§6.6).
+/// A runner group.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunnerGroupJson {
@@ -142,7 +143,7 @@ pub struct RunnerGroupJson {
     pub is_default_group: bool,
 }
 
-/// A runner reference (§6.7).
+/// A runner reference.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunnerReferenceJson {
@@ -154,7 +155,7 @@ pub struct RunnerReferenceJson {
     pub runner_scale_set_id: i64,
 }
 
-/// Body of a JIT-config request (§5.7).
+/// Body of a JIT-config request.
 #[derive(Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct JitRequest {
@@ -166,7 +167,7 @@ pub struct JitRequest {
     pub work_folder: Option<String>,
 }
 
-/// Response of a JIT-config request (§5.7).
+/// Response of a JIT-config request.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct JitResponse {
     /// The registered runner.
@@ -176,7 +177,7 @@ pub struct JitResponse {
     pub encoded_jit_config: String,
 }
 
-/// Body of a session create request (§5.11).
+/// Body of a session create request.
 #[derive(Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionInput {
@@ -188,7 +189,7 @@ pub struct SessionInput {
     pub owner_name: Option<String>,
 }
 
-/// A message session (§6.5).
+/// A message session.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionJson {
@@ -206,7 +207,7 @@ pub struct SessionJson {
     pub statistics: Statistics,
 }
 
-/// One element of a message's `body` array (§6.10).
+/// One element of a message's `body` array.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct JobMessage {
@@ -252,7 +253,7 @@ pub struct JobMessage {
     pub result: Option<String>,
 }
 
-/// The 200 answer of a long poll (§5.14).
+/// The 200 answer of a long poll.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageJson {
@@ -266,7 +267,7 @@ pub struct MessageJson {
     pub statistics: Statistics,
 }
 
-/// An acquirable job (§5.17, ARC's older client only).
+/// An acquirable job (ARC's older client only).
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct AcquirableJobJson {
@@ -288,7 +289,7 @@ pub struct AcquirableJobJson {
     pub request_labels: Vec<String>,
 }
 
-/// Token answer of the GitHub API (§3.3, §3.4).
+/// Token answer of the GitHub API.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct TokenJson {
     /// The token.
@@ -297,7 +298,7 @@ pub struct TokenJson {
     pub expires_at: String,
 }
 
-/// Body of `POST /actions/runner-registration` (§3.5).
+/// Body of `POST /actions/runner-registration`.
 #[derive(Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunnerRegistrationInput {
     /// The canonical config URL.
@@ -308,7 +309,7 @@ pub struct RunnerRegistrationInput {
     pub runner_event: Option<String>,
 }
 
-/// Answer of `POST /actions/runner-registration` (§3.5).
+/// Answer of `POST /actions/runner-registration`.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct RunnerRegistrationJson {
     /// Actions Service base URL of the tenant, ending in `/`.
@@ -319,7 +320,7 @@ pub struct RunnerRegistrationJson {
     pub token_schema: String,
 }
 
-/// Error body of the Actions Service (§8.1), with the extra keys .NET services add.
+/// Error body of the Actions Service, with the extra keys .NET services add.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct ExceptionJson {
     /// Reference id of the serialized exception.

@@ -67,7 +67,7 @@ struct Summary {
     peak_desired_replicas: i64,
     runner_pods: usize,
     start_failures: usize,
-    /// Actions Service and GitHub API requests per job, by endpoint (beyond-ARC item 11).
+    /// Actions Service and GitHub API requests per job, by endpoint (docs/reference/beyond-arc.md, item 11).
     api_calls_per_job: BTreeMap<String, f64>,
     /// Problems found by the end-of-run checks.
     problems: Vec<String>,

@@ -32,7 +32,7 @@ mod tests;
 
 /// The zero time of Go's `time.Time`, which the clients send and expect for "not yet".
 pub const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
-/// The only message type clients accept (§5.14).
+/// The only message type clients accept.
 pub const MESSAGE_TYPE: &str = "RunnerScaleSetJobMessages";
 const DEFAULT_GROUP_ID: i64 = 1;
 /// Bounds one enqueue call, so a typo cannot make the fake allocate for minutes.
@@ -433,7 +433,7 @@ impl State {
     }
 
     // ---------------------------------------------------------------------------------------------------------
-    // GitHub API (§3.3–§3.5).
+    // GitHub API: installation token, registration token, runner registration.
 
     fn strict(&self) -> Option<&Strict> {
         self.settings.strict.as_ref()
@@ -555,9 +555,9 @@ impl State {
     }
 
     // ---------------------------------------------------------------------------------------------------------
-    // Actions Service (§5.1–§5.13, §5.16, §5.17).
+    // Actions Service endpoints (docs/reference/actions-service-protocol.md, "Endpoints").
 
-    /// Check `Authorization: Bearer <admin token>` for a call on `tenant` (§4.2).
+    /// Check `Authorization: Bearer <admin token>` for a call on `tenant`.
     pub fn authorize_admin(
         &self,
         tenant: i64,
@@ -583,7 +583,7 @@ impl State {
             .ok_or_else(|| scale_set_not_found(id))
     }
 
-    /// Statistics of a scale set (§6.4), computed from jobs and runners.
+    /// Statistics of a scale set, computed from jobs and runners.
     pub fn statistics(&self, scale_set: i64) -> Statistics {
         let mut stats = Statistics::default();
         for job in self
@@ -644,7 +644,8 @@ impl State {
         }
     }
 
-    /// §5.1: scale sets of a tenant filtered by name (case-insensitive) and runner group; both filters optional.
+    /// Get a scale set by name: scale sets of a tenant filtered by name (case-insensitive) and runner group; both
+    /// filters optional.
     pub fn scale_sets_by_name(
         &self,
         tenant: i64,
@@ -660,7 +661,7 @@ impl State {
             .collect()
     }
 
-    /// §5.2.
+    /// Get a scale set by id.
     pub fn scale_set(&self, tenant: i64, id: i64) -> Result<ScaleSetJson, Rejection> {
         Ok(self.scale_set_json(self.scale_set_in(tenant, id)?))
     }
@@ -707,7 +708,7 @@ impl State {
         }
     }
 
-    /// §5.3. Names are unique within a runner group; a missing group means `Default`.
+    /// Create a scale set. Names are unique within a runner group; a missing group means `Default`.
     pub fn create_scale_set(
         &mut self,
         tenant: i64,
@@ -766,7 +767,7 @@ impl State {
         self.scale_set(tenant, id)
     }
 
-    /// §5.4: merge the fields that are present and not default.
+    /// Update a scale set: merge the fields that are present and not default.
     pub fn update_scale_set(
         &mut self,
         tenant: i64,
@@ -801,8 +802,8 @@ impl State {
         self.scale_set(tenant, id)
     }
 
-    /// §5.5, and the control API's server-side deletion (`tenant` = `None`). Refused while a runner of the set
-    /// runs a job unless `force`; jobs not running go back to `queued`; runners and the session go away.
+    /// Delete a scale set, and the control API's server-side deletion (`tenant` = `None`). Refused while a runner of
+    /// the set runs a job unless `force`; jobs not running go back to `queued`; runners and the session go away.
     pub fn delete_scale_set(
         &mut self,
         tenant: Option<i64>,
@@ -862,7 +863,7 @@ impl State {
         Ok(())
     }
 
-    /// §5.6: groups of the tenant, by name (case-insensitive) or all.
+    /// Get a runner group by name: groups of the tenant, by name (case-insensitive) or all.
     pub fn runner_groups(&self, tenant: i64, name: Option<&str>) -> Vec<RunnerGroupJson> {
         let Some(tenant) = self.tenants.get(&tenant) else {
             return Vec::new();
@@ -890,7 +891,7 @@ impl State {
             .collect()
     }
 
-    /// §5.7: register a runner (offline until it reports in) and return its encoded JIT config.
+    /// Generate a JIT config: register a runner (offline until it reports in) and return its encoded JIT config.
     pub fn generate_jit_config(
         &mut self,
         tenant: i64,
@@ -987,7 +988,7 @@ impl State {
         }
     }
 
-    /// §5.8.
+    /// Get a runner by id.
     pub fn runner(&self, tenant: i64, id: i64) -> Result<RunnerReferenceJson, Rejection> {
         self.runners
             .get(&id)
@@ -1002,7 +1003,7 @@ impl State {
             })
     }
 
-    /// §5.9 (case-insensitive name).
+    /// Get a runner by name (case-insensitive).
     pub fn runners_by_name(&self, tenant: i64, name: Option<&str>) -> Vec<RunnerReferenceJson> {
         self.runners
             .values()
@@ -1012,7 +1013,7 @@ impl State {
             .collect()
     }
 
-    /// §5.10: 204 also for unknown runners; refused while the runner holds a job.
+    /// Remove a runner: 204 also for unknown runners; refused while the runner holds a job.
     pub fn remove_runner(&mut self, tenant: i64, id: i64) -> Result<(), Rejection> {
         let Some(runner) = self
             .runners
@@ -1033,7 +1034,7 @@ impl State {
     }
 
     // ---------------------------------------------------------------------------------------------------------
-    // Sessions and the message queue (§5.11–§5.16, §7).
+    // Sessions and the message queue (docs/reference/actions-service-protocol.md, "Message sessions").
 
     fn expire_idle_sessions(&mut self) {
         if let Some(idle) = self.settings.session_idle_timeout {
@@ -1071,7 +1072,7 @@ impl State {
         })
     }
 
-    /// §5.11: one active session per scale set; a second one gets 409.
+    /// Create a session: one active session per scale set; a second one gets 409.
     pub fn create_session(
         &mut self,
         tenant: i64,
@@ -1127,7 +1128,7 @@ impl State {
             .filter(|rec| rec.scale_set == scale_set)
     }
 
-    /// §5.12: a new message-queue token; 404 when the session is gone.
+    /// Refresh a session: a new message-queue token; 404 when the session is gone.
     pub fn refresh_session(
         &mut self,
         tenant: i64,
@@ -1152,7 +1153,7 @@ impl State {
         self.session_json(&rec, token, base_url)
     }
 
-    /// §5.13.
+    /// Delete a session.
     pub fn delete_session(
         &mut self,
         tenant: i64,
@@ -1175,9 +1176,9 @@ impl State {
         Ok(())
     }
 
-    /// Check `Authorization: Bearer <message queue token>` (§5.14–§5.16) and return the session id. A token of a
-    /// dropped, deleted or idle-expired session gets the same 401 as an expired one, so the client refreshes and
-    /// then learns from the refresh's 404 that the session is gone.
+    /// Check `Authorization: Bearer <message queue token>` (get message, acknowledge, acquire jobs) and return the
+    /// session id. A token of a dropped, deleted or idle-expired session gets the same 401 as an expired one, so the
+    /// client refreshes and then learns from the refresh's 404 that the session is gone.
     pub fn authorize_queue(
         &mut self,
         authorization: Option<&str>,
@@ -1203,8 +1204,8 @@ impl State {
         Ok(session)
     }
 
-    /// §5.14, one attempt: the first unacknowledged message after `last_message_id`, else a new message packed
-    /// from pending job messages, else `None` (the caller waits and tries again, then answers 202).
+    /// Get a message, one attempt: the first unacknowledged message after `last_message_id`, else a new message
+    /// packed from pending job messages, else `None` (the caller waits and tries again, then answers 202).
     pub fn poll_message(
         &mut self,
         session: &str,
@@ -1261,7 +1262,7 @@ impl State {
         }))
     }
 
-    /// §5.15: acknowledge a message; acknowledging it again is fine, an id never issued is 404.
+    /// Acknowledge a message; acknowledging it again is fine, an id never issued is 404.
     pub fn ack_message(&mut self, session: &str, message_id: i64) -> Result<(), Rejection> {
         let scale_set = self
             .sessions
@@ -1299,7 +1300,8 @@ impl State {
         Ok(())
     }
 
-    /// §5.16: acquire available jobs of the session's scale set; returns the ids actually acquired.
+    /// Acquire jobs: takes the requested jobs that are available in the session's scale set; returns the ids actually
+    /// acquired.
     pub fn acquire_jobs(
         &mut self,
         tenant: i64,
@@ -1336,7 +1338,7 @@ impl State {
         Ok(acquired)
     }
 
-    /// §5.17: available jobs of a scale set.
+    /// Acquirable jobs: the available jobs of a scale set.
     pub fn acquirable_jobs(
         &self,
         tenant: i64,

@@ -1,5 +1,6 @@
-//! A minimal protocol client over reqwest for the integration tests, written from the spec and independent of
-//! the `actions-client` crate, plus helpers to start a fake.
+//! A minimal protocol client over reqwest for the integration tests, written from
+//! docs/reference/actions-service-protocol.md and independent of the `actions-client` crate, plus helpers to start a
+//! fake.
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 
@@ -9,7 +10,7 @@ use fake_actions_service::{Config, FakeActionsService};
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
-/// The scaleset client's User-Agent shape (spec §4.3).
+/// The scaleset client's User-Agent shape.
 pub const USER_AGENT: &str = r#"{"system":"fake-tests","version":"0.1.0","commit_sha":"NA","scale_set_id":0,"subsystem":"tests","build_version":"devel","build_commit_sha":"unknown","kind":"scaleset"}"#;
 
 /// Config for fast tests: short long polls.
@@ -27,7 +28,7 @@ pub async fn start(config: Config) -> FakeActionsService {
         .expect("the fake starts")
 }
 
-/// Body as JSON after stripping an optional UTF-8 BOM, as clients must (§0.1).
+/// Body as JSON after stripping an optional UTF-8 BOM, as clients must.
 pub async fn json_body(response: Response) -> Value {
     let bytes = response.bytes().await.expect("body");
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
@@ -35,7 +36,7 @@ pub async fn json_body(response: Response) -> Value {
         .unwrap_or_else(|error| panic!("not JSON ({error}): {}", String::from_utf8_lossy(bytes)))
 }
 
-/// What a client holds after the GitHub API steps (§3.4, §3.5).
+/// What a client holds after the GitHub API steps (registration token, runner registration).
 #[derive(Clone, Debug)]
 pub struct Tenant {
     pub http: reqwest::Client,
@@ -88,7 +89,7 @@ pub async fn connect(base: &str, scope: &str) -> Tenant {
 }
 
 impl Tenant {
-    /// An Actions Service call with the admin token and `api-version` (§4).
+    /// An Actions Service call with the admin token and `api-version`.
     pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Response {
         self.call_with_token(method, path, body, &self.admin_token)
             .await
@@ -183,7 +184,7 @@ pub struct Session {
 }
 
 impl Session {
-    /// §5.14: `GET {messageQueueUrl}` plus `lastMessageId` when > 0.
+    /// Get a message: `GET {messageQueueUrl}` plus `lastMessageId` when > 0.
     pub async fn get_message(&self, last_message_id: i64) -> Response {
         let mut url = reqwest::Url::parse(&self.queue_url).unwrap();
         if last_message_id > 0 {
@@ -216,7 +217,7 @@ impl Session {
         panic!("no message arrived");
     }
 
-    /// §5.15: `DELETE {queue path}/{id}` keeping the query.
+    /// Acknowledge a message: `DELETE {queue path}/{id}` keeping the query.
     pub async fn delete_message(&self, message_id: i64) -> Response {
         let mut url = reqwest::Url::parse(&self.queue_url).unwrap();
         let path = format!("{}/{message_id}", url.path().trim_end_matches('/'));
@@ -230,7 +231,7 @@ impl Session {
             .unwrap()
     }
 
-    /// §5.16 with the queue token.
+    /// Acquire jobs with the queue token.
     pub async fn acquire(&self, tenant: &Tenant, ids: &[i64]) -> Response {
         tenant
             .call_with_token(
