@@ -38,13 +38,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use node_images::runner::{Event, JobBehaviour, Poll, RunnerService, Session, Termination};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The environment variable of the runner container that holds the encoded JIT config.
-pub const JIT_CONFIG_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
+pub use node_images::constants::JIT_CONFIG_ENV;
 
 /// Exit code and reason of a container that could not start (what the kubelet reports for, e.g., a bad
 /// entrypoint).
@@ -86,6 +87,52 @@ impl Default for SimulatorConfig {
             poll_interval: Duration::from_millis(200),
             seed: 42,
         }
+    }
+}
+
+impl SimulatorConfig {
+    /// The part of the behaviour the simulated runner shares with the runner image.
+    pub fn job_behaviour(&self) -> JobBehaviour {
+        JobBehaviour {
+            job_duration: self.job_duration,
+            job_result: self.job_result.clone(),
+            exit_code: self.exit_code,
+            poll_interval: self.poll_interval,
+        }
+    }
+}
+
+/// The fake, reached in-process, as the runner logic sees the Actions Service.
+struct InProcess<'a>(&'a StateHandle);
+
+impl RunnerService for InProcess<'_> {
+    async fn online(&self, jit_config: &str) -> Result<i64, String> {
+        self.0
+            .mark_runner_online(&RunnerSelector {
+                runner_id: None,
+                jit_config: Some(jit_config.to_owned()),
+            })
+            .map(|view| view.id)
+            .map_err(|rejection| rejection.to_string())
+    }
+
+    async fn poll(&self, runner_id: i64) -> Poll {
+        match self.0.runner(runner_id) {
+            Err(_) => Poll::Gone,
+            Ok(view) => view.job_request_id.map_or(Poll::Waiting, Poll::Job),
+        }
+    }
+
+    async fn start_job(&self, job: i64) -> bool {
+        self.0.start_job(job).is_ok()
+    }
+
+    async fn finish_job(&self, job: i64, result: &str) -> bool {
+        self.0.finish_job(job, result).is_ok()
+    }
+
+    async fn offline(&self, runner_id: i64) {
+        let _ = self.0.mark_runner_offline(runner_id);
     }
 }
 
@@ -365,8 +412,7 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
             uid: uid.clone(),
             name: pod.name_any(),
             config,
-            runner_id: None,
-            job: None,
+            session: Session::default(),
         };
         runner.run(pod, fails_to_start, token).await;
         shared.book().running.remove(&uid);
@@ -391,9 +437,8 @@ struct PodRunner {
     uid: String,
     name: String,
     config: SimulatorConfig,
-    runner_id: Option<i64>,
-    /// The job held and whether it was started.
-    job: Option<(i64, bool)>,
+    /// The runner's life as the Actions Service sees it: the logic the runner image runs too.
+    session: Session,
 }
 
 /// Why a runner stopped before the end of its life.
@@ -414,7 +459,7 @@ impl PodRunner {
             Ok(stage) => self.shared.set_stage(&self.uid, stage),
             Err(Stop::Deleted) => {
                 self.shared.set_stage(&self.uid, PodStage::Deleted);
-                self.on_deleted();
+                self.on_deleted().await;
             }
             Err(Stop::Broken(problem)) => {
                 self.shared.set_stage(&self.uid, PodStage::Broken);
@@ -440,28 +485,19 @@ impl PodRunner {
         let jit_config = self.jit_config(pod).await?;
         self.patch_status(running_status()).await?;
         self.shared.set_stage(&self.uid, PodStage::Running);
-        let online = self
-            .shared
-            .fake
-            .mark_runner_online(&RunnerSelector {
-                runner_id: None,
-                jit_config: Some(jit_config),
-            })
-            .map_err(|rejection| {
-                Stop::Broken(format!(
-                    "the fake refused the runner's JIT config: {rejection}"
-                ))
-            });
-        let runner_id = match online {
-            Ok(view) => view.id,
-            Err(stop) => {
+        let fake = InProcess(&self.shared.fake);
+        let runner_id = match fake.online(&jit_config).await {
+            Ok(id) => id,
+            Err(rejection) => {
                 // A real runner with a consumed or revoked config fails to connect and exits non-zero.
                 self.patch_status(terminated_status(1, "Error", "runner could not connect"))
                     .await?;
-                return Err(stop);
+                return Err(Stop::Broken(format!(
+                    "the fake refused the runner's JIT config: {rejection}"
+                )));
             }
         };
-        self.runner_id = Some(runner_id);
+        self.session.runner_id = Some(runner_id);
         self.record(|record| record.runner_id = Some(runner_id));
         let exit_code = self.serve(runner_id).await;
         let reason = if exit_code == 0 { "Completed" } else { "Error" };
@@ -472,60 +508,50 @@ impl PodRunner {
 
     /// Waits for a job, runs it and returns the container's exit code.
     async fn serve(&mut self, runner_id: i64) -> i32 {
-        loop {
-            let Ok(view) = self.shared.fake.runner(runner_id) else {
-                // Deregistered: its job completed without it (cancelled) or the controller removed it.
-                return 0;
-            };
-            if let Some(job) = view.job_request_id {
-                self.job = Some((job, false));
-                if self.shared.fake.start_job(job).is_err() {
-                    // Cancelled or requeued between the assignment and the start; look again.
-                    self.job = None;
-                    tokio::time::sleep(self.config.poll_interval).await;
-                    continue;
+        let shared = Arc::clone(&self.shared);
+        let (uid, pod) = (self.uid.clone(), self.name.clone());
+        let behaviour = self.config.job_behaviour();
+        let mut on_event = |event: Event| match event {
+            Event::Online(_) => {}
+            Event::Started(job) => {
+                let mut book = shared.book();
+                book.served.entry(job).or_default().push(pod.clone());
+                if let Some(record) = book.pods.get_mut(&uid) {
+                    record.job = Some(job);
                 }
-                self.job = Some((job, true));
-                let pod = self.name.clone();
-                self.shared.book().served.entry(job).or_default().push(pod);
-                self.record(|record| record.job = Some(job));
-                tokio::time::sleep(self.config.job_duration).await;
-                // A cancelled job has completed already; the runner exits all the same.
-                if self
-                    .shared
-                    .fake
-                    .finish_job(job, &self.config.job_result)
-                    .is_ok()
-                {
-                    self.shared.book().jobs_finished += 1;
-                    self.record(|record| record.job_finished_at = Some(Instant::now()));
-                }
-                self.job = None;
-                return self.config.exit_code;
             }
-            tokio::time::sleep(self.config.poll_interval).await;
-        }
+            // A cancelled job has completed already; the runner exits all the same.
+            Event::Finished { reported, .. } => {
+                if reported {
+                    let mut book = shared.book();
+                    book.jobs_finished += 1;
+                    if let Some(record) = book.pods.get_mut(&uid) {
+                        record.job_finished_at = Some(Instant::now());
+                    }
+                }
+            }
+        };
+        self.session
+            .serve(
+                &InProcess(&self.shared.fake),
+                runner_id,
+                &behaviour,
+                &mut on_event,
+            )
+            .await
     }
 
-    /// The runner process dies with its pod: the service sees it go offline; a job it was running fails.
-    fn on_deleted(&self) {
-        let Some(runner_id) = self.runner_id else {
-            return;
-        };
-        match self.job {
-            Some((job, true)) => {
-                if self.shared.fake.finish_job(job, "failed").is_ok() {
-                    self.shared.book().jobs_interrupted += 1;
-                    self.shared.problem(format!(
-                        "pod {} was deleted while its runner ran job {job}",
-                        self.name
-                    ));
-                }
-            }
-            // Offline with a job not started yet hands the job back, as the service does.
-            _ => {
-                let _ = self.shared.fake.mark_runner_offline(runner_id);
-            }
+    /// The runner process dies with its pod: the service sees it go offline; a job it was running fails
+    /// (what [`Session::terminate`] does, as the runner image does on SIGTERM).
+    async fn on_deleted(&self) {
+        if let Termination::Interrupted(job) =
+            self.session.terminate(&InProcess(&self.shared.fake)).await
+        {
+            self.shared.book().jobs_interrupted += 1;
+            self.shared.problem(format!(
+                "pod {} was deleted while its runner ran job {job}",
+                self.name
+            ));
         }
     }
 
