@@ -28,13 +28,17 @@ Full name: fullnameOverride, else the release name when it already contains the 
 {{- printf "%s-%s" "gha-rs-controller" .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+The effective namespace. toString: `--set namespaceOverride=2024` arrives as a number, and a namespace
+name is always a string; every use site quotes it so YAML cannot read it back as a number either.
+*/}}
 {{- define "gha-runner-scale-set-controller.namespace" -}}
-{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- default .Release.Namespace .Values.namespaceOverride | toString }}
 {{- end }}
 
 {{- define "gha-runner-scale-set-controller.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "gha-runner-scale-set-controller.name" . }}
-app.kubernetes.io/namespace: {{ include "gha-runner-scale-set-controller.namespace" . }}
+app.kubernetes.io/namespace: {{ include "gha-runner-scale-set-controller.namespace" . | quote }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
@@ -69,8 +73,13 @@ whichever template renders first.
 {{- end }}
 {{- end }}
 
+{{/*
+The watched namespace, or "" for cluster-wide mode. `--set flags.watchSingleNamespace=...` types its value, so a
+namespace named "2024" or "true" arrives as a number or a boolean; ARC's chart accepts those, and so does this
+one: the value is used as text (false and 0 mean unset, as in ARC's `if`).
+*/}}
 {{- define "gha-runner-scale-set-controller.watchSingleNamespace" -}}
-{{- with .Values.flags }}{{ .watchSingleNamespace | default "" }}{{ end }}
+{{- with .Values.flags }}{{ .watchSingleNamespace | default "" | toString }}{{ end }}
 {{- end }}
 
 {{- define "gha-runner-scale-set-controller.replicaCount" -}}
@@ -103,5 +112,5 @@ address does not end in digits, because a container port cannot be derived from 
 subjects:
   - kind: ServiceAccount
     name: {{ include "gha-runner-scale-set-controller.serviceAccountName" . }}
-    namespace: {{ include "gha-runner-scale-set-controller.namespace" . }}
+    namespace: {{ include "gha-runner-scale-set-controller.namespace" . | quote }}
 {{- end }}

@@ -21,8 +21,12 @@ returning YAML text, so values keep their types (a label "123" stays a string).
 {{- include "gha-rs.fullname" . | replace "_" "-" }}
 {{- end }}
 
+{{/*
+The effective namespace. toString: `--set namespaceOverride=2024` arrives as a number, and a namespace name is
+always a string; every use site quotes it so YAML cannot read it back as a number either.
+*/}}
 {{- define "gha-rs.namespace" -}}
-{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- default .Release.Namespace .Values.namespaceOverride | toString }}
 {{- end }}
 
 {{- define "gha-rs.chart" -}}

@@ -11,13 +11,18 @@ use std::process::{Command, ExitStatus};
 
 use serde_json::Value;
 
-/// The control-plane version the project builds and tests against; `tests/env/provision.sh`
-/// puts `helm` in the assets directory named after it.
-pub const K8S_ASSETS_VERSION: &str = "v1.36.3";
+/// The Kubernetes version charts are rendered for unless a test picks another: the control plane's
+/// own, which the tests run the controllers against and whose assets directory holds `helm`, so a
+/// render is what an install on that cluster gets.
+pub const KUBE_VERSION: &str = test_harness::K8S_VERSION;
 
-/// The Kubernetes version charts are rendered for unless a test picks another, so rendering
-/// never needs a cluster.
-pub const DEFAULT_KUBE_VERSION: &str = "1.36.0";
+/// A version before native sidecars (Kubernetes 1.29), for the templates that branch on it: the
+/// `dind` container mode runs dockerd as a plain container there instead of an init container
+/// with `restartPolicy: Always`.
+pub const PRE_SIDECAR_KUBE_VERSION: &str = "v1.28.0";
+
+/// The oldest version the charts' `kubeVersion` admits.
+pub const OLDEST_KUBE_VERSION: &str = "v1.27.0";
 
 /// Everything that can go wrong while finding helm, running it, or reading its output.
 #[derive(Debug, thiserror::Error)]
@@ -124,7 +129,7 @@ fn provisioned_helm() -> PathBuf {
             .join("arc-rs")
     });
     cache_root
-        .join(format!("k8s-{K8S_ASSETS_VERSION}"))
+        .join(format!("k8s-{}", test_harness::K8S_VERSION))
         .join("helm")
 }
 
@@ -197,7 +202,7 @@ pub fn lint(chart: Chart, values_files: &[PathBuf]) -> Result<String> {
 }
 
 /// Renders `chart` as release `release` in `namespace` with `values` (a JSON object), for
-/// [`DEFAULT_KUBE_VERSION`], and returns the rendered objects.
+/// [`KUBE_VERSION`], and returns the rendered objects.
 pub fn render(chart: Chart, release: &str, namespace: &str, values: &Value) -> Result<Vec<Value>> {
     Template::new(chart)
         .release(release)
@@ -221,13 +226,13 @@ pub struct Template {
 }
 
 impl Template {
-    /// Release `test`, namespace `default`, Kubernetes [`DEFAULT_KUBE_VERSION`], no values.
+    /// Release `test`, namespace `default`, Kubernetes [`KUBE_VERSION`], no values.
     pub fn new(chart: Chart) -> Self {
         Self {
             chart,
             release: "test".to_owned(),
             namespace: "default".to_owned(),
-            kube_version: DEFAULT_KUBE_VERSION.to_owned(),
+            kube_version: KUBE_VERSION.to_owned(),
             values: Vec::new(),
             values_files: Vec::new(),
             sets: Vec::new(),

@@ -1,5 +1,5 @@
-//! Render tests of the controller chart: one test per case of the upstream chart's own test
-//! suite (spec §10.1, same names in snake case), plus the places where arc-rs goes further.
+//! Render tests of the controller chart: one test per case of ARC's own chart tests (same names in
+//! snake case), plus the places where arc-rs goes further.
 
 use std::collections::BTreeSet;
 
@@ -310,6 +310,9 @@ fn controller_deployment_defaults() {
             {"name": "CONTROLLER_MANAGER_CONTAINER_IMAGE", "value": "ghcr.io/arc-rs/arc-rs:dev"},
             {"name": "CONTROLLER_MANAGER_POD_NAMESPACE",
              "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            // The reporting instance of the manager's Events.
+            {"name": "CONTROLLER_MANAGER_POD_NAME",
+             "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ])
     );
     for absent in ["resources", "ports", "livenessProbe", "readinessProbe"] {
@@ -412,9 +415,9 @@ fn controller_deployment_customize() {
         assert!(a.contains(expected), "{expected} missing from {a:?}");
     }
     let env = c["env"].as_array().expect("env");
-    assert_eq!(env.len(), 3);
+    assert_eq!(env.len(), 4);
     assert_eq!(
-        env[2],
+        env[3],
         json!({"name": "ENV_VAR_NAME_1", "value": "ENV_VAR_VALUE_1"})
     );
 }
@@ -496,8 +499,8 @@ fn controller_container_environment_variables() {
     ]});
     let m = render(chart().values(values.clone()));
     let env = manager(deployment(&m))["env"].as_array().expect("env");
-    assert_eq!(env.len(), 6);
-    assert_eq!(env[2..], values["env"].as_array().expect("env")[..]);
+    assert_eq!(env.len(), 7);
+    assert_eq!(env[3..], values["env"].as_array().expect("env")[..]);
 }
 
 #[test]
@@ -739,8 +742,8 @@ fn namespace_override() {
             .expect("binding")["subjects"][0]["namespace"],
         override_ns
     );
-    // Upstream's case passes `--set ...=true`, a boolean; the schema wants a namespace name.
-    let m = render(base().set_string("flags.watchSingleNamespace", "true"));
+    // ARC's case passes `--set flags.watchSingleNamespace=true`, which helm types as a boolean.
+    let m = render(base().set("flags.watchSingleNamespace", "true"));
     for kind in ["Role", "RoleBinding"] {
         let object = m
             .get(kind, "test-gha-rs-controller-single-namespace")
@@ -777,4 +780,134 @@ fn fullname_uses_the_release_name_when_it_contains_the_base_name() {
             .namespace(NAMESPACE),
     );
     assert!(m.find("Deployment", "my-gha-rs-controller").is_some());
+}
+
+#[test]
+fn watch_single_namespace_typed_by_set_is_a_namespace_name() {
+    // `--set` turns "true" into a boolean and "2024" into a number; ARC's chart takes both as the name.
+    for name in ["true", "2024"] {
+        let m = render(chart().set("flags.watchSingleNamespace", name));
+        let d = deployment(&m);
+        assert_eq!(
+            d["metadata"]["labels"]["actions.github.com/controller-watch-single-namespace"],
+            name
+        );
+        assert!(args(d).contains(&format!("--watch-single-namespace={name}")));
+        for kind in ["Role", "RoleBinding"] {
+            let watch = m
+                .get(kind, &format!("{FULLNAME}-single-namespace-watch"))
+                .expect("watch-namespace object");
+            assert_eq!(watch["metadata"]["namespace"], name, "{kind} for {name}");
+        }
+        assert_eq!(m.of_kind("ClusterRole").count(), 0);
+    }
+    // false and 0 are unset, as with ARC's `if`.
+    for unset in ["false", "0"] {
+        let m = render(chart().set("flags.watchSingleNamespace", unset));
+        assert_eq!(m.of_kind("ClusterRole").count(), 1, "{unset}");
+    }
+}
+
+#[test]
+fn numeric_namespace_override_is_a_string() {
+    let m = render(
+        chart()
+            .set("namespaceOverride", "2024")
+            .set("replicaCount", "2"),
+    );
+    for object in m.objects() {
+        if object["kind"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("Cluster"))
+        {
+            continue;
+        }
+        assert_eq!(
+            object["metadata"]["namespace"], "2024",
+            "{}/{}",
+            object["kind"], object["metadata"]["name"]
+        );
+    }
+    let d = deployment(&m);
+    assert_eq!(
+        d["metadata"]["labels"]["actions.github.com/controller-service-account-namespace"],
+        "2024"
+    );
+    assert_eq!(
+        d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/namespace"],
+        "2024"
+    );
+    assert_eq!(
+        m.get("ClusterRoleBinding", FULLNAME).expect("binding")["subjects"][0]["namespace"],
+        "2024"
+    );
+}
+
+#[test]
+fn kube_version_below_the_supported_range_is_refused() {
+    let stderr = render_error(chart().kube_version("v1.26.15"));
+    assert!(
+        stderr.contains("chart requires kubeVersion: >=1.27.0-0"),
+        "{stderr}"
+    );
+    render(chart().kube_version(chart_tests::OLDEST_KUBE_VERSION));
+    render(chart().kube_version("v1.27.16-eks-2f46c53"));
+}
+
+// ---- Opt-in PodMonitor for the manager ----
+
+#[test]
+fn pod_monitor_is_off_by_default() {
+    let m = render(chart().set("metrics.controllerManagerAddr", ":8080"));
+    assert_eq!(m.of_kind("PodMonitor").count(), 0);
+}
+
+#[test]
+fn pod_monitor_scrapes_the_manager_metrics_port() {
+    let m = render(chart().values(json!({
+        "labels": {"team": "ci"},
+        "metrics": {"controllerManagerAddr": ":8080", "listenerAddr": ":8080", "listenerEndpoint": "/metrics"},
+        "podMonitor": {"enabled": true, "labels": {"release": "prometheus", "app.kubernetes.io/name": "mine"},
+                       "interval": "15s", "scrapeTimeout": "5s",
+                       "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"], "regex": "go_.*"}]},
+    })));
+    let monitor = m.get("PodMonitor", FULLNAME).expect("PodMonitor");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["namespace"], NAMESPACE);
+    let labels = &monitor["metadata"]["labels"];
+    assert_eq!(labels["release"], "prometheus");
+    assert_eq!(labels["team"], "ci");
+    assert_eq!(
+        labels["app.kubernetes.io/name"], "gha-rs-controller",
+        "the chart's labels cannot be overridden"
+    );
+    let selector = &monitor["spec"]["selector"]["matchLabels"];
+    // The selector matches the manager pod's own labels, and nothing else's.
+    let pod_labels = &deployment(&m)["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in selector.as_object().expect("matchLabels") {
+        assert_eq!(&pod_labels[key], value, "{key}");
+    }
+    assert_eq!(
+        selector["app.kubernetes.io/component"],
+        "controller-manager"
+    );
+    assert_eq!(
+        monitor["spec"]["podMetricsEndpoints"],
+        json!([{"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s",
+                "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"], "regex": "go_.*"}]}])
+    );
+    assert_eq!(
+        manager(deployment(&m))["ports"][0]["name"],
+        "metrics",
+        "the port the monitor names exists"
+    );
+}
+
+#[test]
+fn pod_monitor_without_metrics_fails_clearly() {
+    let stderr = render_error(chart().set("podMonitor.enabled", "true"));
+    assert!(
+        stderr.contains("podMonitor.enabled needs metrics.controllerManagerAddr"),
+        "{stderr}"
+    );
 }

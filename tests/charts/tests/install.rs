@@ -1,19 +1,22 @@
 //! `helm install` of both charts into the real local control plane: every rendered object must be accepted by
 //! the API server, and the AutoscalingRunnerSet a default install renders must be valid for our CRDs and types.
 //!
+//! Every object the scale-set chart renders for each of the project's values fixtures passes a server-side dry
+//! run too.
+//!
 //! One test function on purpose: the scale-set chart discovers the controller by listing Deployments across the
 //! cluster, so a second controller release installed concurrently would make that discovery ambiguous.
 
 use std::path::Path;
 use std::time::Duration;
 
-use chart_tests::{Chart, run_helm};
+use chart_tests::{Chart, Template, run_helm};
 use crds::AutoscalingRunnerSet;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use test_harness::TestContext;
 
@@ -40,6 +43,58 @@ async fn namespace(ctx: &TestContext, prefix: &str) -> String {
     test_harness::create_namespace(&ctx.client, prefix)
         .await
         .expect("namespace")
+}
+
+/// Creates every object the scale-set chart renders for each of the project's values fixtures with a
+/// server-side dry run, so the API server (with the CRDs the controller chart installed) judges them all.
+/// PodMonitors are left out: the Prometheus Operator's CRD is not part of this control plane; the render tests
+/// check their shape.
+async fn every_fixture_is_accepted(ctx: &TestContext) {
+    let dir = chart_tests::repo_root().join("tests/charts/fixtures/scale-set");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures dir")
+        .map(|entry| entry.expect("dir entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for file in files {
+        let ns = namespace(ctx, "helm-fixture").await;
+        // The fixture's own namespaceOverride would name a namespace that does not exist here.
+        let manifests = Template::new(Chart::ScaleSet)
+            .release("fixture")
+            .namespace(&ns)
+            .values_file(&file)
+            .set("namespaceOverride", &ns)
+            .render()
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for object in manifests.objects() {
+            let kind = object["kind"].as_str().expect("kind");
+            if kind == "PodMonitor" {
+                continue;
+            }
+            let api_version = object["apiVersion"].as_str().expect("apiVersion");
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let gvk = GroupVersionKind::gvk(group, version, kind);
+            let (resource, _) = kube::discovery::pinned_kind(&ctx.client, &gvk)
+                .await
+                .unwrap_or_else(|e| panic!("{api_version} {kind} is not served: {e}"));
+            let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &resource);
+            let dynamic: DynamicObject =
+                serde_json::from_value(object.clone()).expect("a Kubernetes object");
+            if let Err(e) = api.create(&dry_run, &dynamic).await {
+                panic!(
+                    "{}: the API server refuses {kind} {}: {e}",
+                    file.display(),
+                    object["metadata"]["name"]
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test]
@@ -174,6 +229,8 @@ async fn both_charts_install_into_a_real_api_server() {
             );
         }
     }
+
+    every_fixture_is_accepted(&ctx).await;
 
     // Single-namespace mode of the controller chart (last: it adds a second controller Deployment).
     let single = namespace(&ctx, "helm-single").await;
