@@ -6,4 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 KUBEBUILDER_ASSETS="$(tests/env/provision.sh | tail -n 1)"
 export KUBEBUILDER_ASSETS
-exec cargo run --locked -p e2e --bin demo -- "$@"
+
+# Build only what the demo runs: the demo binary (the manager, the fake Actions Service and the runner simulator
+# run inside it) and the listener binary it starts for each listener pod. Left to itself the demo would ask cargo
+# for every test target of the workspace. Cargo's own progress shows here.
+echo "[demo] building the demo and the listener binaries (debug; the first build takes several minutes)" >&2
+cargo build --locked -p e2e --bin demo -p listener --bin listener
+target_dir="$(cargo metadata --locked --no-deps --format-version 1 |
+  sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+# The demo takes the listener from here instead of building it (tests/harness/src/binaries.rs).
+export ARC_RS_BIN_DIR="$target_dir/debug"
+exec "$ARC_RS_BIN_DIR/demo" "$@"

@@ -14,8 +14,16 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::Error;
 
-/// Builds (if needed) binary `bin` of workspace package `package` and returns its path.
+/// A directory of binaries built beforehand. When set, a binary is taken from there and cargo is not asked:
+/// `tests/demo.sh` builds just the binaries the demo runs, which takes a fraction of building every test target.
+pub const PREBUILT_BIN_DIR_ENV: &str = "ARC_RS_BIN_DIR";
+
+/// Builds (if needed) binary `bin` of workspace package `package` and returns its path; with
+/// [`PREBUILT_BIN_DIR_ENV`] set, the binary of that name in that directory instead.
 pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
+    if let Some(prebuilt) = prebuilt_binary(std::env::var_os(PREBUILT_BIN_DIR_ENV), bin) {
+        return prebuilt;
+    }
     // One build per binary per test process; concurrent tests wait for it.
     static BUILT: OnceLock<Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
     let built = BUILT.get_or_init(Mutex::default);
@@ -80,5 +88,40 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
                 .collect::<Vec<_>>()
                 .join("\n"),
         }),
+    }
+}
+
+/// `bin` in the prebuilt directory `dir` (the value of [`PREBUILT_BIN_DIR_ENV`]), or `None` when no directory is
+/// set. A directory without the binary is an error rather than a silent, slow build of every test target.
+fn prebuilt_binary(dir: Option<std::ffi::OsString>, bin: &str) -> Option<Result<PathBuf, Error>> {
+    let path = PathBuf::from(dir.filter(|d| !d.is_empty())?).join(bin);
+    Some(if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::PrebuiltBinaryMissing { path })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prebuilt_directory_is_used_only_when_set_and_must_hold_the_binary() {
+        assert!(prebuilt_binary(None, "listener").is_none());
+        assert!(prebuilt_binary(Some("".into()), "listener").is_none());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let missing = prebuilt_binary(Some(dir.path().into()), "listener")
+            .expect("a directory is set")
+            .expect_err("no listener in it");
+        assert!(
+            missing.to_string().contains(PREBUILT_BIN_DIR_ENV),
+            "{missing}"
+        );
+        std::fs::write(dir.path().join("listener"), b"").expect("write");
+        let found = prebuilt_binary(Some(dir.path().into()), "listener")
+            .expect("a directory is set")
+            .expect("found");
+        assert_eq!(found, dir.path().join("listener"));
     }
 }

@@ -86,6 +86,12 @@ pub enum Error {
         bin: String,
         stderr: String,
     },
+    #[error(
+        "{} is not there; build it first, or unset {} to let the tests build it",
+        path.display(),
+        binaries::PREBUILT_BIN_DIR_ENV
+    )]
+    PrebuiltBinaryMissing { path: PathBuf },
     #[error("CustomResourceDefinition {name} was not Established within {timeout:?}")]
     CrdNotEstablished { name: String, timeout: Duration },
     #[error("namespace {namespace} got no default service account within {timeout:?}")]
