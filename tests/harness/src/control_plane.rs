@@ -97,6 +97,8 @@ impl ControlPlane {
             Ok(path)
         };
         let ca = file("ca.crt", &pki.ca_cert)?;
+        // Kept for signing real nodes' client certificates (`node`).
+        file("ca.key", &pki.ca_key)?;
         let serving_cert = file("apiserver.crt", &pki.serving_cert)?;
         let serving_key = file("apiserver.key", &pki.serving_key)?;
         let admin_cert = file("admin.crt", &pki.admin_cert)?;

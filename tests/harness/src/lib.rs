@@ -16,6 +16,7 @@ mod binaries;
 mod control_plane;
 mod crds;
 pub mod executor;
+pub mod node;
 mod pki;
 pub mod process;
 
@@ -38,6 +39,7 @@ pub use binaries::workspace_binary;
 pub use control_plane::{ApiServerRestart, ControlPlane};
 pub use crds::{FIELD_MANAGER, apply_crds};
 pub use executor::{LISTENER_POD_SELECTOR, ListenerExecutor};
+pub use node::{NodeConfig, RealNode, node_tier};
 
 /// Everything that can go wrong while starting the control plane.
 #[derive(Debug, thiserror::Error)]

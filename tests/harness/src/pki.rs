@@ -13,6 +13,8 @@ use crate::Error;
 /// PEM material written into the control plane's directory.
 pub struct Pki {
     pub ca_cert: String,
+    /// The CA's key, kept so a real node can get a client certificate signed later ([`node_client_cert`]).
+    pub ca_key: String,
     pub serving_cert: String,
     pub serving_key: String,
     pub admin_cert: String,
@@ -28,14 +30,8 @@ impl Pki {
 
     fn try_generate() -> Result<Self, rcgen::Error> {
         let ca_key = KeyPair::generate()?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.distinguished_name = name("arc-rs test control plane CA", None);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let ca_key_pem = ca_key.serialize_pem();
+        let ca_params = ca_params()?;
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca_params, ca_key);
 
@@ -63,6 +59,7 @@ impl Pki {
 
         Ok(Self {
             ca_cert: ca_cert.pem(),
+            ca_key: ca_key_pem,
             serving_cert: serving_cert.pem(),
             serving_key: serving_key.serialize_pem(),
             admin_cert: admin_cert.pem(),
@@ -71,6 +68,35 @@ impl Pki {
             service_account_public_key: service_account_key.public_key_pem(),
         })
     }
+}
+
+/// The CA's parameters. Signing needs only its name and key, so an issuer rebuilt from these and the saved
+/// key signs certificates that chain to the CA certificate written at start.
+fn ca_params() -> Result<CertificateParams, rcgen::Error> {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.distinguished_name = name("arc-rs test control plane CA", None);
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(ca_params)
+}
+
+/// A kubelet's client certificate and key (PEM): user `system:node:<node>`, group `system:nodes`, as the
+/// kubelet's TLS bootstrap would obtain, signed by the control plane's CA (`ca_key_pem`).
+pub fn node_client_cert(ca_key_pem: &str, node: &str) -> Result<(String, String), Error> {
+    let sign = || -> Result<(String, String), rcgen::Error> {
+        let issuer = Issuer::new(ca_params()?, KeyPair::from_pem(ca_key_pem)?);
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = name(&format!("system:node:{node}"), Some("system:nodes"));
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    };
+    sign().map_err(Error::GenerateCertificates)
 }
 
 fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {

@@ -24,13 +24,7 @@ pub fn project_image(manager: &Path, listener: &Path) -> Result<ImageSpec> {
         LISTENER_ALIAS.trim_start_matches('/'),
         LISTENER_PATH.trim_start_matches('/'),
     );
-    if Path::new(HOST_CA_BUNDLE).is_file() {
-        rootfs.copy(
-            Path::new(HOST_CA_BUNDLE),
-            HOST_CA_BUNDLE.trim_start_matches('/'),
-            0o644,
-        )?;
-    }
+    ca_bundle(&mut rootfs)?;
     Ok(ImageSpec {
         reference: PROJECT_IMAGE.to_owned(),
         entrypoint: vec![MANAGER_PATH.to_owned()],
@@ -41,6 +35,19 @@ pub fn project_image(manager: &Path, listener: &Path) -> Result<ImageSpec> {
         ],
         entries: rootfs.into_entries(),
     })
+}
+
+/// The host's CA bundle, as distroless ships one: rustls with the platform verifier refuses to build an
+/// HTTP client without any CA certificate, even for plain-HTTP use.
+fn ca_bundle(rootfs: &mut Rootfs) -> Result<()> {
+    if Path::new(HOST_CA_BUNDLE).is_file() {
+        rootfs.copy(
+            Path::new(HOST_CA_BUNDLE),
+            HOST_CA_BUNDLE.trim_start_matches('/'),
+            0o644,
+        )?;
+    }
+    Ok(())
 }
 
 /// The sandbox image: `/pause`, which sleeps until signalled.
@@ -62,11 +69,15 @@ pub fn runner_image(runner: &Path) -> Result<ImageSpec> {
 fn single_binary(reference: &str, binary: &Path, at: &str, user: &str) -> Result<ImageSpec> {
     let mut rootfs = Rootfs::new();
     rootfs.binary(binary, at)?;
+    ca_bundle(&mut rootfs)?;
     Ok(ImageSpec {
         reference: reference.to_owned(),
         entrypoint: vec![at.to_owned()],
         user: user.to_owned(),
-        env: vec![PATH_ENV.to_owned()],
+        env: vec![
+            PATH_ENV.to_owned(),
+            format!("SSL_CERT_FILE={HOST_CA_BUNDLE}"),
+        ],
         entries: rootfs.into_entries(),
     })
 }

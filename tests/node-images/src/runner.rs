@@ -241,14 +241,15 @@ pub mod http {
     }
 
     impl HttpService {
-        pub fn new(control_url: &str) -> Self {
-            Self {
-                client: reqwest::Client::builder()
-                    .timeout(std::time::Duration::from_secs(10))
-                    .build()
-                    .unwrap_or_default(),
+        pub fn new(control_url: &str) -> crate::Result<Self> {
+            let client = reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(10))
+                .build()
+                .map_err(|e| crate::Error::Service(format!("building the HTTP client: {e}")))?;
+            Ok(Self {
+                client,
                 control_url: control_url.trim_end_matches('/').to_owned(),
-            }
+            })
         }
 
         async fn post(&self, path: &str, body: serde_json::Value) -> Option<reqwest::Response> {

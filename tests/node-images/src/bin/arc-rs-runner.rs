@@ -42,7 +42,10 @@ async fn main() -> ExitCode {
         Ok(url) => url,
         Err(error) => return broken(&error.to_string()),
     };
-    let service = HttpService::new(&control_url);
+    let service = match HttpService::new(&control_url) {
+        Ok(service) => service,
+        Err(error) => return broken(&error.to_string()),
+    };
     let mut session = Session::default();
     let grow = switches.grow_memory;
     let mut on_event = |event: Event| {
