@@ -59,7 +59,6 @@ async fn start_node(ctx: &TestContext, parts: &NodeParts, archives: &Archives) -
             NodeConfig {
                 pause_image: (archives.pause.clone(), PAUSE_IMAGE.to_owned()),
                 images: vec![archives.runner.clone()],
-                scheduler: true,
             },
         )
         .await
@@ -68,7 +67,7 @@ async fn start_node(ctx: &TestContext, parts: &NodeParts, archives: &Archives) -
 
 /// A runner pod as the EphemeralRunner controller makes it (the JIT config from a Secret), on host networking
 /// so it reaches the fake on 127.0.0.1.
-fn runner_pod(name: &str, secret: &str, extra_env: serde_json::Value) -> Pod {
+fn runner_pod(node: &str, name: &str, secret: &str, extra_env: serde_json::Value) -> Pod {
     let mut env = vec![json!({
         "name": "ACTIONS_RUNNER_INPUT_JITCONFIG",
         "valueFrom": {"secretKeyRef": {"name": secret, "key": "jitToken"}},
@@ -80,6 +79,8 @@ fn runner_pod(name: &str, secret: &str, extra_env: serde_json::Value) -> Pod {
             "restartPolicy": "Never",
             "hostNetwork": true,
             "terminationGracePeriodSeconds": 5,
+            // The scheduler places the pod; the selector keeps it off other tests' nodes.
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [{
                 "name": "runner",
                 "image": RUNNER_IMAGE,
@@ -193,6 +194,7 @@ async fn runner_pods_run_to_succeeded_and_failed_and_the_node_leaves_nothing_beh
     pods.create(
         &pp,
         &runner_pod(
+            node.name(),
             "runner-ok",
             "runner-ok",
             json!([{"name": env::JOB_MS, "value": "1500"}]),
@@ -200,9 +202,12 @@ async fn runner_pods_run_to_succeeded_and_failed_and_the_node_leaves_nothing_beh
     )
     .await
     .expect("create the runner pod");
-    pods.create(&pp, &runner_pod("runner-bad", "runner-bad", json!([])))
-        .await
-        .expect("create the failing pod");
+    pods.create(
+        &pp,
+        &runner_pod(node.name(), "runner-bad", "runner-bad", json!([])),
+    )
+    .await
+    .expect("create the failing pod");
 
     let running_after = eventually("runner-ok Running", POD_TIMEOUT, || async {
         let pod = pods.get("runner-ok").await.ok()?;
@@ -269,6 +274,7 @@ async fn a_test_that_panics_with_a_running_pod_still_tears_the_node_down() {
             "spec": {
                 "restartPolicy": "Never",
                 "hostNetwork": true,
+                "nodeSelector": {"kubernetes.io/hostname": node.name()},
                 "containers": [{
                     "name": "runner",
                     "image": RUNNER_IMAGE,

@@ -1,5 +1,6 @@
 //! One real node for the control plane: containerd (its own root, state, socket and config), a kubelet with a
-//! node client certificate from the control plane's CA, and kube-scheduler.
+//! node client certificate from the control plane's CA; and the control plane's kube-scheduler, started with
+//! its first node.
 //!
 //! Pods reach the API server through host networking: [`RealNode::api_server_env`] gives the
 //! `KUBERNETES_SERVICE_HOST`/`PORT` a pod needs (the API server listens on 127.0.0.1, which a CNI bridge
@@ -14,6 +15,7 @@ mod janitor;
 mod prerequisites;
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -51,8 +53,6 @@ pub struct NodeConfig {
     pub pause_image: (PathBuf, String),
     /// Further docker archives to import before the kubelet starts.
     pub images: Vec<PathBuf>,
-    /// Start kube-scheduler with this node (one per control plane is enough).
-    pub scheduler: bool,
 }
 
 /// Where a node leaves traces on the host.
@@ -273,22 +273,7 @@ impl RealNode {
             ],
             &dir.join("kubelet.log"),
         )?);
-        if config.scheduler {
-            let admin = control_plane.kubeconfig_path().display().to_string();
-            node.processes.push(Supervised::spawn(
-                "kube-scheduler",
-                &parts.kube_scheduler,
-                &[
-                    format!("--kubeconfig={admin}"),
-                    format!("--authentication-kubeconfig={admin}"),
-                    format!("--authorization-kubeconfig={admin}"),
-                    "--secure-port=0".to_owned(),
-                    "--leader-elect=false".to_owned(),
-                    "--v=1".to_owned(),
-                ],
-                &dir.join("kube-scheduler.log"),
-            )?);
-        }
+        ensure_scheduler(control_plane, parts)?;
         node.wait_ready().await?;
         node.started_in = started.elapsed();
         Ok(node)
@@ -386,7 +371,7 @@ impl RealNode {
         }
     }
 
-    /// The end of a node component's log (`containerd`, `kubelet`, `kube-scheduler`).
+    /// The end of a node component's log (`containerd`, `kubelet`).
     pub fn log_tail(&self, component: &str) -> String {
         crate::process::log_tail(&self.dir.join(format!("{component}.log")), 4000)
     }
@@ -556,6 +541,35 @@ async fn delete_objects(client: Client, name: &str) {
     let _ = Api::<ClusterRoleBinding>::all(client)
         .delete(name, &dp)
         .await;
+}
+
+/// kube-scheduler for the control plane, started with its first node and kept for the test process's
+/// lifetime (its watchdog stops it when the process ends): every node of the control plane shares it, so two
+/// tests' nodes never have two schedulers binding the same pods.
+fn ensure_scheduler(control_plane: &ControlPlane, parts: &NodeParts) -> Result<(), Error> {
+    static SCHEDULERS: Mutex<Vec<(String, Supervised)>> = Mutex::new(Vec::new());
+    let mut schedulers = SCHEDULERS.lock().unwrap_or_else(|p| p.into_inner());
+    let server = control_plane.server_url().to_owned();
+    schedulers.retain_mut(|(_, process)| process.exited().is_none());
+    if schedulers.iter().any(|(s, _)| *s == server) {
+        return Ok(());
+    }
+    let admin = control_plane.kubeconfig_path().display().to_string();
+    let process = Supervised::spawn(
+        "kube-scheduler",
+        &parts.kube_scheduler,
+        &[
+            format!("--kubeconfig={admin}"),
+            format!("--authentication-kubeconfig={admin}"),
+            format!("--authorization-kubeconfig={admin}"),
+            "--secure-port=0".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--v=1".to_owned(),
+        ],
+        &control_plane.dir().join("kube-scheduler.log"),
+    )?;
+    schedulers.push((server, process));
+    Ok(())
 }
 
 fn node_ip() -> Result<String, Error> {
