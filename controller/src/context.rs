@@ -68,10 +68,11 @@ pub struct Context {
     pub stores: Stores,
     /// Per-object backoff of failed reconciles.
     pub backoff: ErrorBackoff,
-    /// Runner creations and deletions not yet seen by the runner watch, per EphemeralRunnerSet.
-    pub expectations: Expectations,
-    /// Per-runner memory that need not survive a restart.
-    pub runner_memory: RunnerMemory,
+    /// Runner creations and deletions not yet seen by the runner watch, per EphemeralRunnerSet (shared with the
+    /// watch, which settles them on deletions).
+    pub expectations: Arc<Expectations>,
+    /// Per-runner memory that need not survive a restart (shared with the watch, which clears it on deletions).
+    pub runner_memory: Arc<RunnerMemory>,
 }
 
 /// How a failed reconcile is requeued.
@@ -255,35 +256,33 @@ impl Expectations {
         false
     }
 
+    /// Runner `name` of set `key` was deleted (its watch event): nothing more can be seen of it, so whatever was
+    /// expected of it is settled, even a creation the cache never showed (created and deleted in between).
+    pub fn gone(&self, key: &str, name: &str) {
+        let mut sets = lock(&self.sets);
+        if let Some(expected) = sets.get_mut(key) {
+            expected.created.remove(name);
+            expected.deleted.remove(name);
+        }
+    }
+
     /// Forgets set `key` (deleted).
     pub fn forget(&self, key: &str) {
         lock(&self.sets).remove(key);
     }
 }
 
-/// Per-runner facts kept in memory: disruptions (not counted as failures, but backed off) and when the
-/// registration was last checked. Losing them on restart only resets a backoff or triggers an early check.
+/// Per-runner facts kept in memory: disruptions (not counted as failures, but backed off), when the registration
+/// was last checked, and registrations already removed. Losing them on restart only resets a backoff, triggers an
+/// early check or repeats a removal the service answers as done; none of them is a guess about the cache. Entries
+/// go when the runner's deletion reaches the watch ([`RunnerMemory::forget`]), whoever finalized it.
 #[derive(Debug, Default)]
 pub struct RunnerMemory {
     disruptions: Mutex<HashMap<String, (u32, Instant)>>,
     checked: Mutex<HashMap<String, Instant>>,
-    /// Writes done recently, by object (uid, or uid and registration) and what: the next pass may run before the
-    /// cache shows their effect (the pod just created, the runner just deleted, its finalizers removed) and would
-    /// repeat them; and a registration is removed by the set controller's scale-down or the runner's own
-    /// finalizer, each of which would otherwise ask the service again.
-    recent_writes: Mutex<HashMap<(String, &'static str), Instant>>,
-}
-
-/// How long a write is remembered: four times the longest window anything asks about (a finalizer removal,
-/// 30 s), far longer than a cache lags; every runner alive has a few entries, so not longer.
-const WRITE_MEMORY: Duration = Duration::from_secs(120);
-/// [`RunnerMemory::recent_writes`] keys of the deregistration and finalizer removal.
-const DEREGISTERED: &str = "deregistered";
-const FINALIZED: &str = "finalized";
-
-/// The key of registration `runner_id` of runner `uid` (a new pod registers anew).
-fn registration(uid: &str, runner_id: i64) -> String {
-    format!("{uid}/{runner_id}")
+    /// Registrations removed from the service, by runner uid: the set controller's scale-down removes one before
+    /// it deletes the runner, whose finalizer then need not ask the service again.
+    deregistered: Mutex<HashMap<String, HashSet<i64>>>,
 }
 
 impl RunnerMemory {
@@ -325,42 +324,24 @@ impl RunnerMemory {
 
     /// Records that registration `runner_id` of runner `uid` was removed from the service.
     pub fn deregistered(&self, uid: &str, runner_id: i64) {
-        self.wrote(&registration(uid, runner_id), DEREGISTERED);
+        lock(&self.deregistered)
+            .entry(uid.to_owned())
+            .or_default()
+            .insert(runner_id);
     }
 
-    /// Whether registration `runner_id` of runner `uid` was removed recently (by either controller).
+    /// Whether registration `runner_id` of runner `uid` was removed (by either controller).
     pub fn was_deregistered(&self, uid: &str, runner_id: i64) -> bool {
-        self.wrote_within(&registration(uid, runner_id), DEREGISTERED, WRITE_MEMORY)
+        lock(&self.deregistered)
+            .get(uid)
+            .is_some_and(|ids| ids.contains(&runner_id))
     }
 
-    /// Records that write `what` on object `uid` went through.
-    pub fn wrote(&self, uid: &str, what: &'static str) {
-        let mut writes = lock(&self.recent_writes);
-        writes.retain(|_, at| at.elapsed() < WRITE_MEMORY);
-        writes.insert((uid.to_owned(), what), Instant::now());
-    }
-
-    /// Whether write `what` on object `uid` went through less than `within` ago.
-    pub fn wrote_within(&self, uid: &str, what: &'static str, within: Duration) -> bool {
-        lock(&self.recent_writes)
-            .get(&(uid.to_owned(), what))
-            .is_some_and(|at| at.elapsed() < within)
-    }
-
-    /// Records that the finalizers of runner `uid` were removed.
-    pub fn finalized(&self, uid: &str) {
-        self.wrote(uid, FINALIZED);
-    }
-
-    /// Whether the finalizers of runner `uid` were removed less than `within` ago.
-    pub fn was_finalized(&self, uid: &str, within: Duration) -> bool {
-        self.wrote_within(uid, FINALIZED, within)
-    }
-
-    /// Forgets runner `uid` (gone).
+    /// Forgets runner `uid` (deleted).
     pub fn forget(&self, uid: &str) {
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
+        lock(&self.deregistered).remove(uid);
     }
 }
 
@@ -406,6 +387,15 @@ mod tests {
     }
 
     #[test]
+    fn a_runner_deleted_before_the_cache_saw_it_settles_its_expectation() {
+        let expectations = Expectations::default();
+        expectations.created("set", ["r1".to_owned()]);
+        assert!(!expectations.satisfied("set", |_| false, |_| false));
+        expectations.gone("set", "r1");
+        assert!(expectations.satisfied("set", |_| false, |_| false));
+    }
+
+    #[test]
     fn registration_checks_are_spaced() {
         let memory = RunnerMemory::default();
         assert!(!memory.registration_check_due("u", Duration::from_millis(30)));
@@ -421,7 +411,7 @@ mod tests {
     }
 
     #[test]
-    fn deregistrations_are_remembered_per_registration() {
+    fn deregistrations_are_remembered_per_registration_until_the_runner_is_gone() {
         let memory = RunnerMemory::default();
         assert!(!memory.was_deregistered("u", 7));
         memory.deregistered("u", 7);
@@ -429,28 +419,7 @@ mod tests {
         // A new pod of the same runner registers anew: that registration is not covered.
         assert!(!memory.was_deregistered("u", 8));
         assert!(!memory.was_deregistered("v", 7));
-        // Forgetting a runner keeps it: a finalizer may run once more on a stale cache.
         memory.forget("u");
-        assert!(memory.was_deregistered("u", 7));
-    }
-
-    #[test]
-    fn recent_writes_are_remembered_by_object_and_kind() {
-        let memory = RunnerMemory::default();
-        memory.wrote("u", "create-pod");
-        assert!(memory.wrote_within("u", "create-pod", Duration::from_secs(5)));
-        assert!(!memory.wrote_within("u", "delete-self", Duration::from_secs(5)));
-        assert!(!memory.wrote_within("v", "create-pod", Duration::from_secs(5)));
-        assert!(!memory.wrote_within("u", "create-pod", Duration::ZERO));
-    }
-
-    #[test]
-    fn finalized_runners_are_remembered_for_a_while() {
-        let memory = RunnerMemory::default();
-        assert!(!memory.was_finalized("u", Duration::from_secs(30)));
-        memory.finalized("u");
-        assert!(memory.was_finalized("u", Duration::from_secs(30)));
-        assert!(!memory.was_finalized("u", Duration::ZERO));
-        assert!(!memory.was_finalized("v", Duration::from_secs(30)));
+        assert!(!memory.was_deregistered("u", 7));
     }
 }

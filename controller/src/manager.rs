@@ -153,6 +153,10 @@ impl Manager {
 
         let (runner_deleted_tx, runner_deleted_rx) =
             mpsc::unbounded::<ObjectRef<EphemeralRunnerSet>>();
+        let expectations = Arc::new(Expectations::default());
+        let runner_memory = Arc::new(RunnerMemory::default());
+        let (deleted_expectations, deleted_memory) =
+            (Arc::clone(&expectations), Arc::clone(&runner_memory));
         let (pod_deleted_tx, pod_deleted_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunner>>();
 
         let watches = [
@@ -170,7 +174,16 @@ impl Manager {
                 runner_writer,
                 runner_fanout,
                 move |runner: &EphemeralRunner| {
-                    if let Some(owner) = controller_owner(runner, "EphemeralRunnerSet") {
+                    deleted_memory.forget(&runner.uid().unwrap_or_default());
+                    if let Some(owner) =
+                        controller_owner::<_, EphemeralRunnerSet>(runner, "EphemeralRunnerSet")
+                    {
+                        let key = format!(
+                            "{}/{}",
+                            owner.namespace.as_deref().unwrap_or_default(),
+                            owner.name
+                        );
+                        deleted_expectations.gone(&key, &runner.name_any());
                         let _ = runner_deleted_tx.unbounded_send(owner);
                     }
                 },
@@ -235,8 +248,8 @@ impl Manager {
                 self.options.error_backoff_min,
                 self.options.error_backoff_max,
             ),
-            expectations: Expectations::default(),
-            runner_memory: RunnerMemory::default(),
+            expectations,
+            runner_memory,
             metrics: Arc::clone(&self.metrics),
             client: self.client.clone(),
             options: self.options.clone(),

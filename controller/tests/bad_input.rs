@@ -16,7 +16,7 @@ use crds::{EphemeralRunner, EphemeralRunnerSet};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapKeySelector, Container, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -738,8 +738,9 @@ async fn an_ephemeral_runner_set_edited_to_negative_replicas() {
     manager.stop().await;
 }
 
-/// A JIT Secret whose runner id is garbage is replaced by a fresh registration, and the old one is not leaked
-/// in the service.
+/// A JIT Secret whose runner id is garbage is never trusted: once the runner needs it again (its pod is gone), it
+/// is discarded and replaced by a fresh registration, and the old registration (known from the status) is not
+/// leaked in the service. While a pod runs, the runner's identity comes from its status, not the Secret.
 #[tokio::test]
 async fn a_corrupt_jit_secret() {
     let env = Env::new("corrupt-jit").await;
@@ -786,6 +787,10 @@ async fn a_corrupt_jit_secret() {
         )
         .await
         .expect("corrupt the Secret");
+    let pods: Api<Pod> = env.ctx.api();
+    pods.delete(&runner, &DeleteParams::default())
+        .await
+        .expect("delete the runner's pod");
     let id = env
         .eventually("a valid JIT Secret again", || async {
             let secret = secrets.get_opt(&runner).await.unwrap()?;

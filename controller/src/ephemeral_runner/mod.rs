@@ -1,9 +1,10 @@
-//! The EphemeralRunner controller (spec §3.4): one runner pod per EphemeralRunner, its JIT config Secret, and
+//! The EphemeralRunner controller (docs/reference/controllers.md, "EphemeralRunner controller"): one runner pod per EphemeralRunner, its JIT config Secret, and
 //! the runner's registration in the Actions Service.
 //!
 //! Wiring: primary EphemeralRunners from the manager's shared runner watch; owned runner pods from the shared
 //! pod watch; pod deletions (which shared watches do not forward) through `reconcile_on`.
 
+pub mod lifecycle;
 pub mod pod;
 pub mod policy;
 mod reconcile;
@@ -18,7 +19,7 @@ use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
-pub use reconcile::POD_REJECTED_REASON;
+pub use reconcile::{POD_DELETED_EVENT, POD_DELETED_REASON, POD_REJECTED_REASON};
 
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;

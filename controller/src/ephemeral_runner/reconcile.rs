@@ -1,22 +1,26 @@
-//! One EphemeralRunner reconcile (spec §3.4.1), as a list of idempotent steps.
+//! One EphemeralRunner reconcile: the executor of [`super::lifecycle::decide`] (docs/runner-lifecycle.md).
 //!
 //! # Expected flow
-//! finalizers → JIT config Secret (registers the runner) → runner id on the status → pod → follow the pod until
-//! the runner exits 0 → the runner deletes itself → deletion: deregister, delete pod and Secret, drop finalizers.
+//! finalizers → runner re-read from the API server → registration and JIT config Secret → pod (same pass) →
+//! follow the pod until the runner exits 0 → the runner deletes itself → deletion: deregister, delete pod and
+//! Secret, drop finalizers.
 //!
 //! # Guarantees
 //! * A runner is deregistered from the Actions Service before its finalizers go, except when its credentials
 //!   Secret is gone (then nothing could deregister it; an Event says so).
-//! * A JIT config goes into at most one pod: when a pod fails, its registration is removed and its Secret
-//!   deleted before the next pod, which gets a fresh config.
-//! * A runner holding a job is never restarted and never deregistered while the service says the job runs.
+//! * A JIT config goes into at most one pod: a Secret is made in the pass that makes the pod, and a Secret whose
+//!   pod the API server says is gone is discarded with its registration before anything new is made.
+//! * A runner holding a job is never restarted and never deregistered while the service says the job runs; one
+//!   whose pod is deleted or evicted is finished, the job left to the service.
 //! * Only the runner's own failures count against its retry budget; disruptions (evictions, preemption, node
-//!   loss, kubelet rejections) and API rejections (quota, admission) are retried without limit, with backoff.
+//!   loss, pods deleted through the API, kubelet rejections) and API rejections (quota, admission) are retried
+//!   without limit, with backoff.
 //!
 //! # Writes
-//! Status edits are merge patches of the changed fields only: the listener writes the job fields of the same
-//! status, and a merge patch never touches fields it does not name, even when computed from a stale cache.
+//! Status edits are typed merge patches of the changed fields only, under this controller's field manager: the
+//! listener writes the job fields of the same status, and a merge patch never touches fields it does not name.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,12 +37,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::json;
 
+use super::lifecycle::{Facts, Next, PodFact, RunnerFact, SecretFact, decide};
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
 use super::policy::{
     CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay,
-    failure_delay, judge_pod, remaining_failure_backoff, retries_exhausted,
+    failure_delay, judge_pod, remaining_failure_backoff,
 };
 use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
@@ -49,112 +55,199 @@ use crate::kubeutil::{
     controller_ref, delete_if_present, delete_terminated_pod, name_and_namespace, set_finalizers,
 };
 use crate::metrics::{RunnerLabels, RunnerReasonLabels};
-use crate::options::ER_JOB_METADATA_FIELD_MANAGER;
+use crate::options::{ER_FIELD_MANAGER, ER_JOB_METADATA_FIELD_MANAGER};
 
 /// Kind name used in errors.
 const KIND: &str = "EphemeralRunner";
 /// Status reason while pod creation is refused by a quota or an admission check.
 pub const POD_REJECTED_REASON: &str = "PodCreationRejected";
-/// Short delay while waiting for the cache to catch up with a write of ours.
-const CACHE_WAIT: Duration = Duration::from_secs(1);
-/// How long a write this process made is trusted to be on its way into the cache (watch events normally take
-/// milliseconds; seconds under a burst), so the next pass does not repeat it.
-const STALE_CACHE_WINDOW: Duration = Duration::from_secs(5);
-/// [`RunnerMemory::wrote`] keys.
-const WROTE_POD: &str = "create-pod";
-const WROTE_DELETE: &str = "delete-self";
-const WROTE_JOB_METADATA: &str = "job-metadata";
-/// [`RunnerMemory::wrote`] key of the last look at the JIT Secret of a runner whose pod has not started.
-const CHECKED_JIT_SECRET: &str = "checked-jit-secret";
-/// How often the JIT Secret of a runner whose pod has not started is checked.
-const JIT_SECRET_RECHECK: Duration = Duration::from_secs(10);
-/// How long a runner whose finalizers this process removed is left alone: its cache entry may still show them.
-const STALE_FINALIZE_WINDOW: Duration = Duration::from_secs(30);
+/// Status reason while an idle runner waits for its deleted pod to go.
+pub const POD_DELETED_REASON: &str = "PodDeleted";
+/// Event reason when a runner's pod was deleted or evicted by someone else.
+pub const POD_DELETED_EVENT: &str = "RunnerPodDeleted";
+/// How long past its deletion deadline a pod may stay before its runner gives up the place: the kubelet stops the
+/// containers by the deadline and then reports; a pod still there this long after has no kubelet looking after it
+/// (a lost node), and the set needs the capacity elsewhere.
+const STUCK_TERMINATING_SLACK: Duration = Duration::from_secs(30);
+/// Retry after the service said a runner name exists and then that it does not (its own eventual consistency).
+const SERVICE_RETRY: Duration = Duration::from_secs(1);
+/// Upper bound of decision steps in one pass ([`super::lifecycle`]'s property tests show passes end sooner).
+const MAX_STEPS: usize = 16;
 
 /// Reconciles one EphemeralRunner.
 #[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
 pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
     let step = Step::new(&runner, &ctx)?;
-    // A runner this process finalized, or asked to delete, a moment ago can still be in the cache without its
-    // deletion. Acting on that copy would register a new runner and create a pod (and Secret) for an object
-    // that is gone: under load such orphan pods took jobs with no EphemeralRunner to account for them. If the
-    // object somehow still holds the finalizers after the window, the pass runs again.
-    if ctx
-        .runner_memory
-        .was_finalized(&step.uid, STALE_FINALIZE_WINDOW)
-    {
-        return Ok(Action::requeue(STALE_FINALIZE_WINDOW));
-    }
-    if runner.meta().deletion_timestamp.is_some() {
-        return step.finalize().await;
-    }
-    if ctx
-        .runner_memory
-        .wrote_within(&step.uid, WROTE_DELETE, STALE_CACHE_WINDOW)
-    {
-        return Ok(Action::requeue(CACHE_WAIT));
-    }
-    if runner.is_done() {
-        step.delete_children().await?;
-        return Ok(Action::await_change());
-    }
-    step.ensure_finalizers().await?;
-    if retries_exhausted(step.failures(), ctx.options.runner.max_pod_failures) {
-        return step.give_up().await;
-    }
-    let cached = ctx
+    let mut pod = ctx
         .stores
         .pods
         .get(&ObjectRef::new(&step.name).within(&step.namespace));
-    // Once its pod has started, the runner has consumed the Secret and the identity the status recorded is the
-    // Secret's (both change only together, the Secret first): no need to read the Secret again. A pod not
-    // started yet still has it checked, so a corrupt one is replaced before the runner chokes on it, but at
-    // most every few seconds: reading it on every pass of every pending pod was most of the manager's API reads
-    // in a burst.
-    let trust_recorded = cached.as_ref().is_some_and(|pod| {
-        matches!(
-            super::policy::pod_phase(pod),
-            "Running" | "Succeeded" | "Failed"
-        ) || ctx
-            .runner_memory
-            .wrote_within(&step.uid, CHECKED_JIT_SECRET, JIT_SECRET_RECHECK)
-    });
-    let recorded = trust_recorded.then(|| step.recorded_identity()).flatten();
-    let identity = match recorded {
-        Some(identity) => identity,
-        None => match step.ensure_jit_secret().await? {
-            Jit::Ready(identity) => {
-                ctx.runner_memory.wrote(&step.uid, CHECKED_JIT_SECRET);
-                identity
+    let mut facts = step.initial_facts(pod.as_deref());
+    let mut identity = step.recorded_identity();
+    for _ in 0..MAX_STEPS {
+        let next = decide(&facts);
+        tracing::trace!(?next, "runner step");
+        match next {
+            Next::ReadSecret => {
+                let (fact, read) = step.read_jit_secret().await?;
+                facts.secret = fact;
+                if identity.is_none() {
+                    identity = read;
+                }
             }
-            Jit::Wait(action) => return Ok(action),
-        },
-    };
-    if let Some(wait) = step.pod_backoff() {
-        step.record_identity(&identity).await?;
-        return Ok(Action::requeue(wait));
-    }
-    match cached {
-        // Created a moment ago; its watch event (which brings us back) has not reached the cache yet.
-        None if ctx
-            .runner_memory
-            .wrote_within(&step.uid, WROTE_POD, STALE_CACHE_WINDOW) =>
-        {
-            Ok(Action::requeue(CACHE_WAIT))
+            Next::ReadPod => {
+                pod = step.read_pod().await?.map(Arc::new);
+                facts.pod = pod_fact(pod.as_deref(), Timestamp::now());
+            }
+            Next::ReadRunner => facts.fresh_runner = step.read_self().await?,
+            Next::AddFinalizers => {
+                step.ensure_finalizers().await?;
+                facts.finalizers_missing = false;
+            }
+            Next::DiscardConfig => match step.discard_config(identity.as_ref()).await? {
+                Removal::JobStillRunning => facts.service_busy = true,
+                Removal::Removed => {
+                    facts.secret = SecretFact::Absent;
+                    facts.registered = false;
+                    identity = None;
+                }
+            },
+            Next::ReleaseIdle => match step.release_idle(identity.as_ref()).await? {
+                Removal::JobStillRunning => facts.service_busy = true,
+                Removal::Removed => {
+                    facts.registered = false;
+                    identity = None;
+                }
+            },
+            Next::DryRunPod => match step.dry_run_pod().await? {
+                Some(action) => return Ok(action),
+                None => facts.dry_run_passed = true,
+            },
+            Next::Register => match step.register().await? {
+                Registration::Registered(registered) => {
+                    identity = Some(registered);
+                    facts.secret = SecretFact::Fresh;
+                    facts.registered = true;
+                }
+                Registration::Wait(action) => return Ok(action),
+            },
+            Next::Finalize => return step.finalize().await,
+            Next::DeleteChildren => {
+                step.delete_children().await?;
+                return Ok(Action::await_change());
+            }
+            Next::GiveUp => return step.give_up().await,
+            Next::Wait(wait) => return Ok(Action::requeue(wait)),
+            Next::FinishInterrupted => return step.finish_interrupted().await,
+            Next::AwaitPodGone => return Ok(step.await_pod_gone(pod.as_deref())),
+            Next::GiveUpPlace => return step.give_up_place().await,
+            Next::CreatePod => {
+                let Some(identity) = identity else {
+                    return Err(step.corrupt("no identity after registering"));
+                };
+                return step.create_pod(&identity).await;
+            }
+            Next::Follow => {
+                let Some(pod) = pod else {
+                    return Err(step.corrupt("no pod to follow"));
+                };
+                return step.handle_pod(&pod, identity.as_ref()).await;
+            }
+            Next::Stop => return Ok(Action::await_change()),
         }
-        // The identity goes into the status together with the new pod's phase, one write instead of two.
-        None => step.create_pod(&identity).await,
-        Some(pod) => {
-            step.record_identity(&identity).await?;
-            step.handle_pod(&pod, &identity).await
+    }
+    tracing::warn!("a runner pass did not settle; it runs again");
+    Ok(Action::requeue(ctx.options.resync_interval))
+}
+
+/// What the pod in hand says, for [`decide`].
+fn pod_fact(pod: Option<&Pod>, now: Timestamp) -> PodFact {
+    let Some(pod) = pod else {
+        return PodFact::Gone;
+    };
+    let verdict = judge_pod(pod);
+    match &pod.meta().deletion_timestamp {
+        None => PodFact::Live(verdict),
+        Some(deadline) => PodFact::Terminating {
+            verdict,
+            past_deadline: Duration::try_from(now.duration_since(deadline.0))
+                .is_ok_and(|past| past > STUCK_TERMINATING_SLACK),
+        },
+    }
+}
+
+/// Outcome of a registration.
+enum Registration {
+    Registered(JitIdentity),
+    Wait(Action),
+}
+
+/// An EphemeralRunner phase, serialised as ARC's strings; the controller mirrors the pod's phase (Pending,
+/// Running, and Unknown when the node stops reporting) and sets the terminal ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum RunnerPhase {
+    Pending,
+    Running,
+    Failed,
+    Outdated,
+    Unknown,
+}
+
+impl RunnerPhase {
+    fn of_pod(pod_phase: &str) -> Self {
+        match pod_phase {
+            phase::RUNNING => Self::Running,
+            phase::FAILED => Self::Failed,
+            "Unknown" => Self::Unknown,
+            _ => Self::Pending,
         }
     }
 }
 
-/// Outcome of the JIT step.
-enum Jit {
-    Ready(JitIdentity),
-    Wait(Action),
+/// A merge patch of the EphemeralRunner status fields this controller owns. `None` leaves a field alone;
+/// `Some(None)` removes it.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusPatch {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    phase: Option<RunnerPhase>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runner_id: Option<Option<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runner_name: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failures: Option<BTreeMap<String, Time>>,
+}
+
+impl StatusPatch {
+    fn is_empty(&self) -> bool {
+        self.phase.is_none()
+            && self.ready.is_none()
+            && self.reason.is_none()
+            && self.message.is_none()
+            && self.runner_id.is_none()
+            && self.runner_name.is_none()
+            && self.failures.is_none()
+    }
+
+    /// Sets `reason` and `message`, removing each when empty.
+    fn explain(&mut self, reason: String, message: String) {
+        let or_none = |text: String| (!text.is_empty()).then_some(text);
+        self.reason = Some(or_none(reason));
+        self.message = Some(or_none(message));
+    }
+
+    /// Removes the recorded registration.
+    fn forget_identity(&mut self) {
+        self.runner_id = Some(None);
+        self.runner_name = Some(None);
+    }
 }
 
 /// One reconcile's view of a runner.
@@ -185,6 +278,33 @@ impl<'a> Step<'a> {
         })
     }
 
+    /// What the cached runner and pod say, before anything is read from the API server.
+    fn initial_facts(&self, pod: Option<&Pod>) -> Facts {
+        let status = self.status();
+        let finalizers = self.runner.finalizers();
+        let has = |finalizer: &str| finalizers.iter().any(|have| have == finalizer);
+        Facts {
+            deleting: self.runner.meta().deletion_timestamp.is_some(),
+            done: self.runner.is_done(),
+            finalizers_missing: !has(EPHEMERAL_RUNNER_FINALIZER)
+                || !has(EPHEMERAL_RUNNER_REGISTRATION_FINALIZER),
+            failures: status.failures.len(),
+            max_failures: self.ctx.options.runner.max_pod_failures,
+            has_job: status.has_job(),
+            service_busy: false,
+            registered: status.runner_id != 0,
+            backoff: self.pod_backoff(),
+            rejected: status.reason == POD_REJECTED_REASON,
+            dry_run_passed: false,
+            pod: match pod {
+                None => PodFact::NotCached,
+                Some(pod) => pod_fact(Some(pod), Timestamp::now()),
+            },
+            secret: SecretFact::Unread,
+            fresh_runner: RunnerFact::Unread,
+        }
+    }
+
     fn status(&self) -> crds::EphemeralRunnerStatus {
         self.runner.status.clone().unwrap_or_default()
     }
@@ -194,6 +314,14 @@ impl<'a> Step<'a> {
             .status
             .as_ref()
             .map_or(0, |status| status.failures.len())
+    }
+
+    fn corrupt(&self, reason: &str) -> Error {
+        Error::CorruptJitSecret {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            reason: reason.to_owned(),
+        }
     }
 
     /// The scale set this runner belongs to, for metric labels.
@@ -234,13 +362,20 @@ impl<'a> Step<'a> {
             .await
     }
 
-    /// Merge-patches the named status fields (`null` removes one).
-    async fn patch_status(&self, status: Value) -> Result<()> {
+    /// Merge-patches the named status fields under this controller's field manager.
+    async fn patch_status(&self, patch: &StatusPatch) -> Result<()> {
+        if patch.is_empty() {
+            return Ok(());
+        }
+        let params = PatchParams {
+            field_manager: Some(ER_FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
         self.api
             .patch_status(
                 &self.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": status })),
+                &params,
+                &Patch::Merge(json!({ "status": patch })),
             )
             .await
             .map(drop)
@@ -253,11 +388,9 @@ impl<'a> Step<'a> {
             })
     }
 
-    /// Asks for this runner's deletion. A pass never runs while an earlier one's request may not be in the cache
-    /// yet (see [`reconcile`]), so it is asked once.
+    /// Asks for this runner's deletion (idempotent: the object is gone or going either way).
     async fn delete_self(&self) -> Result<()> {
         delete_if_present(&self.api, &self.name, &self.namespace, KIND).await?;
-        self.ctx.runner_memory.wrote(&self.uid, WROTE_DELETE);
         Ok(())
     }
 
@@ -279,22 +412,59 @@ impl<'a> Step<'a> {
         set_finalizers(&self.api, self.runner, wanted, KIND).await
     }
 
-    /// Makes sure the runner is registered and its JIT config stored (§3.4.2, §3.4.3).
-    async fn ensure_jit_secret(&self) -> Result<Jit> {
-        if let Some(secret) = read_secret(&self.ctx.client, &self.namespace, &self.name).await? {
-            return match read_jit_identity(&secret) {
-                Ok(identity) => Ok(Jit::Ready(identity)),
-                Err(reason) => {
-                    // Regenerated on the next pass (§6 item 9).
-                    delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
-                    Err(Error::CorruptJitSecret {
-                        namespace: self.namespace.clone(),
-                        name: self.name.clone(),
-                        reason,
-                    })
-                }
-            };
-        }
+    /// The JIT Secret, from the API server, and the identity it records.
+    async fn read_jit_secret(&self) -> Result<(SecretFact, Option<JitIdentity>)> {
+        Ok(
+            match read_secret(&self.ctx.client, &self.namespace, &self.name).await? {
+                None => (SecretFact::Absent, None),
+                Some(secret) => match read_jit_identity(&secret) {
+                    Ok(identity) => (SecretFact::Valid, Some(identity)),
+                    Err(reason) => {
+                        tracing::warn!(%reason, "the JIT Secret is corrupt; it is discarded");
+                        (SecretFact::Corrupt, None)
+                    }
+                },
+            },
+        )
+    }
+
+    /// The pod, from the API server.
+    async fn read_pod(&self) -> Result<Option<Pod>> {
+        self.pods
+            .get_opt(&self.name)
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind: "Pod",
+                namespace: self.namespace.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Whether this very runner (same uid) still exists and is not being deleted, from the API server: the
+    /// fence in front of a registration, which a cache a moment behind must never cause for a runner that is gone.
+    async fn read_self(&self) -> Result<RunnerFact> {
+        let current = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind: KIND,
+                namespace: self.namespace.clone(),
+                source: Box::new(source),
+            })?;
+        Ok(match current {
+            Some(runner)
+                if runner.uid().as_deref() == Some(self.uid.as_str())
+                    && runner.meta().deletion_timestamp.is_none() =>
+            {
+                RunnerFact::Live
+            }
+            _ => RunnerFact::Going,
+        })
+    }
+
+    /// Registers the runner and stores its JIT config in a new Secret.
+    async fn register(&self) -> Result<Registration> {
         let actions = self.actions().await?;
         let work_folder = self
             .runner
@@ -328,28 +498,29 @@ impl<'a> Step<'a> {
         );
         match self.secrets.create(&PostParams::default(), &secret).await {
             Ok(created) => read_jit_identity(&created)
-                .map(Jit::Ready)
-                .map_err(|reason| Error::CorruptJitSecret {
+                .map(Registration::Registered)
+                .map_err(|reason| self.corrupt(&reason)),
+            Err(source) => {
+                // The config just issued is stored nowhere: remove it rather than leave a registration behind.
+                if let Some(runner) = &jit.runner
+                    && let Err(error) = actions.remove_runner(runner.id).await
+                {
+                    tracing::warn!(%error, "removing an unstored registration failed");
+                }
+                Err(Error::CreateObject {
+                    kind: "Secret",
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
-                    reason,
-                }),
-            // Another pass created it meanwhile; the registration just made is then a duplicate name, which the
-            // next generation attempt resolves. Re-read instead.
-            Err(error) if is_status(&error, 409) => Ok(Jit::Wait(Action::requeue(CACHE_WAIT))),
-            Err(source) => Err(Error::CreateObject {
-                kind: "Secret",
-                namespace: self.namespace.clone(),
-                name: self.name.clone(),
-                source: Box::new(source),
-            }),
+                    source: Box::new(source),
+                })
+            }
         }
     }
 
     /// The service already has a runner with this name (a crash between registering and storing the config).
-    async fn resolve_name_clash(&self, actions: &Actions) -> Result<Jit> {
+    async fn resolve_name_clash(&self, actions: &Actions) -> Result<Registration> {
         let Some(existing) = actions.get_runner_by_name(&self.name).await? else {
-            return Ok(Jit::Wait(Action::requeue(CACHE_WAIT)));
+            return Ok(Registration::Wait(Action::requeue(SERVICE_RETRY)));
         };
         if existing.runner_scale_set_id == self.runner.spec.runner_scale_set_id {
             tracing::info!(
@@ -357,8 +528,8 @@ impl<'a> Step<'a> {
                 "removing a registration left by an earlier attempt"
             );
             return match actions.remove_runner(existing.id).await? {
-                Removal::Removed => Ok(Jit::Wait(Action::requeue(Duration::ZERO))),
-                Removal::JobStillRunning => Ok(Jit::Wait(Action::requeue(
+                Removal::Removed => Ok(Registration::Wait(Action::requeue(Duration::ZERO))),
+                Removal::JobStillRunning => Ok(Registration::Wait(Action::requeue(
                     self.ctx.options.runner.job_still_running_requeue,
                 ))),
             };
@@ -374,33 +545,160 @@ impl<'a> Step<'a> {
         )
         .await;
         self.delete_self().await?;
-        Ok(Jit::Wait(Action::await_change()))
+        Ok(Registration::Wait(Action::await_change()))
+    }
+
+    /// The registration to remove: `identity`, else a lookup by name (a crash between registering and recording).
+    async fn registration_id(
+        &self,
+        actions: &Actions,
+        identity: Option<&JitIdentity>,
+    ) -> Result<i64> {
+        if let Some(identity) = identity {
+            return Ok(identity.runner_id);
+        }
+        Ok(actions
+            .get_runner_by_name(&self.name)
+            .await?
+            .filter(|found| found.runner_scale_set_id == self.runner.spec.runner_scale_set_id)
+            .map_or(0, |found| found.id))
+    }
+
+    /// The pod of the config in the Secret is gone (the API server says so): that config may have been used, so
+    /// it goes with its registration, unless the service says the runner holds a job.
+    async fn discard_config(&self, identity: Option<&JitIdentity>) -> Result<Removal> {
+        let actions = self.actions().await?;
+        let runner_id = self.registration_id(&actions, identity).await?;
+        if runner_id != 0 && actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
+            return Ok(Removal::JobStillRunning);
+        }
+        delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
+        if self.status().runner_id != 0 {
+            self.event(
+                EventType::Normal,
+                POD_DELETED_EVENT,
+                "RecreatePod",
+                format!(
+                    "the pod of idle runner {runner_id} is gone; its registration was removed and a new pod follows \
+                     with a fresh one"
+                ),
+            )
+            .await;
+            self.ctx
+                .metrics
+                .pod_disruptions
+                .get_or_create(&self.reason_labels("pod_deleted"))
+                .inc();
+        }
+        Ok(Removal::Removed)
+    }
+
+    /// Someone else is deleting the pod of an idle runner (a drain, an eviction, `kubectl delete pod`): its
+    /// registration goes now, so the service gives it no job in its last seconds; a new pod follows once this one
+    /// is gone. Not counted as a failure.
+    async fn release_idle(&self, identity: Option<&JitIdentity>) -> Result<Removal> {
+        let actions = self.actions().await?;
+        let runner_id = self.registration_id(&actions, identity).await?;
+        if runner_id != 0 && actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
+            return Ok(Removal::JobStillRunning);
+        }
+        let mut patch = StatusPatch {
+            ready: Some(false),
+            ..StatusPatch::default()
+        };
+        patch.forget_identity();
+        patch.explain(
+            POD_DELETED_REASON.to_owned(),
+            "the runner pod is being deleted; a new pod follows once it is gone".to_owned(),
+        );
+        self.patch_status(&patch).await?;
+        self.event(
+            EventType::Normal,
+            POD_DELETED_EVENT,
+            "RecreatePod",
+            format!(
+                "the pod of idle runner {runner_id} is being deleted; its registration was removed and a new pod \
+                 follows once it is gone"
+            ),
+        )
+        .await;
+        self.ctx
+            .metrics
+            .pod_disruptions
+            .get_or_create(&self.reason_labels("pod_deleted"))
+            .inc();
+        Ok(Removal::Removed)
+    }
+
+    /// Waits for a deleted pod to go: its deletion event brings the runner back; so does its deadline, after which
+    /// the runner gives up its place.
+    fn await_pod_gone(&self, pod: Option<&Pod>) -> Action {
+        let deadline = pod
+            .and_then(|pod| pod.meta().deletion_timestamp.as_ref())
+            .map(|deadline| deadline.0);
+        let until = deadline
+            .and_then(|deadline| Duration::try_from(deadline.duration_since(Timestamp::now())).ok())
+            .unwrap_or(Duration::ZERO);
+        Action::requeue(
+            (until + STUCK_TERMINATING_SLACK + Duration::from_secs(1))
+                .min(self.ctx.options.resync_interval),
+        )
+    }
+
+    /// The runner had a job and lost its pod: deleting the runner finishes it (its finalizer deregisters it once
+    /// the service lets go of the job, which it fails or retries).
+    async fn finish_interrupted(&self) -> Result<Action> {
+        let job = self.status().job_id;
+        self.event(
+            EventType::Warning,
+            POD_DELETED_EVENT,
+            "DeleteRunner",
+            format!(
+                "the runner pod was deleted or evicted while the runner held job {job:?}; the runner is finished \
+                 and the job is left to GitHub to fail or retry"
+            ),
+        )
+        .await;
+        self.ctx
+            .metrics
+            .pod_disruptions
+            .get_or_create(&self.reason_labels("pod_deleted_with_job"))
+            .inc();
+        self.delete_self().await?;
+        Ok(Action::await_change())
+    }
+
+    /// The pod stays past its deletion deadline (no kubelet is stopping it): the runner gives up its place so the
+    /// set creates one that can start elsewhere.
+    async fn give_up_place(&self) -> Result<Action> {
+        self.event(
+            EventType::Warning,
+            "RunnerPodStuckTerminating",
+            "DeleteRunner",
+            "the runner pod is still terminating long after its grace period (is its node lost?); deleting the \
+             runner so the set replaces it"
+                .to_owned(),
+        )
+        .await;
+        self.delete_self().await?;
+        Ok(Action::await_change())
     }
 
     /// The identity recorded in the status, once there is one.
     fn recorded_identity(&self) -> Option<JitIdentity> {
         let status = self.status();
-        (status.runner_id != 0 && !status.runner_name.is_empty()).then_some(JitIdentity {
+        (status.runner_id != 0).then_some(JitIdentity {
             runner_id: status.runner_id,
             runner_name: status.runner_name,
         })
     }
 
-    async fn record_identity(&self, identity: &JitIdentity) -> Result<()> {
-        let mut patch = serde_json::Map::new();
-        self.identity_fields(identity, &mut patch);
-        if patch.is_empty() {
-            return Ok(());
-        }
-        self.patch_status(Value::Object(patch)).await
-    }
-
-    /// The status fields that record `identity`, when the status does not hold it yet.
-    fn identity_fields(&self, identity: &JitIdentity, patch: &mut serde_json::Map<String, Value>) {
+    /// Records `identity` in `patch` when the status does not hold it yet.
+    fn record_identity(&self, identity: &JitIdentity, patch: &mut StatusPatch) {
         let status = self.status();
         if status.runner_id != identity.runner_id || status.runner_name != identity.runner_name {
-            patch.insert("runnerId".to_owned(), identity.runner_id.into());
-            patch.insert("runnerName".to_owned(), identity.runner_name.clone().into());
+            patch.runner_id = Some(Some(identity.runner_id));
+            patch.runner_name = Some(Some(identity.runner_name.clone()));
         }
     }
 
@@ -424,7 +722,7 @@ impl<'a> Step<'a> {
         after_failures.max(after_disruptions)
     }
 
-    /// Too many counted failures: report and delete; the set creates a replacement (§3.4.6, item 6).
+    /// Too many counted failures: report and delete; the set creates a replacement.
     async fn give_up(&self) -> Result<Action> {
         self.ctx
             .metrics
@@ -445,28 +743,53 @@ impl<'a> Step<'a> {
         Ok(Action::await_change())
     }
 
-    async fn create_pod(&self, identity: &JitIdentity) -> Result<Action> {
+    /// The runner pod, or why it cannot be built (the runner is then marked Failed).
+    fn build_pod(&self) -> Result<std::result::Result<Pod, String>> {
         let owner = controller_ref(self.runner, KIND)?;
-        let pod = match desired_pod(self.runner, owner, &self.ctx.options.build_version) {
+        Ok(
+            desired_pod(self.runner, owner, &self.ctx.options.build_version)
+                .map_err(|problem| format!("Failed to create the pod: {problem}")),
+        )
+    }
+
+    /// After a refusal, the next pod is created in dry-run mode first: nothing is registered until the cluster
+    /// would admit it. `Some` ends the pass.
+    async fn dry_run_pod(&self) -> Result<Option<Action>> {
+        let pod = match self.build_pod()? {
             Ok(pod) => pod,
-            Err(problem) => {
+            Err(message) => {
                 return self
-                    .mark_failed(
-                        reason::INVALID_POD,
-                        format!("Failed to create the pod: {problem}"),
-                        identity,
-                    )
+                    .mark_failed(reason::INVALID_POD, message, None)
+                    .await
+                    .map(Some);
+            }
+        };
+        let params = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match self.pods.create(&params, &pod).await {
+            Ok(_) => Ok(None),
+            Err(error) => self.creation_refused(error, None).await.map(Some),
+        }
+    }
+
+    async fn create_pod(&self, identity: &JitIdentity) -> Result<Action> {
+        let pod = match self.build_pod()? {
+            Ok(pod) => pod,
+            Err(message) => {
+                return self
+                    .mark_failed(reason::INVALID_POD, message, Some(identity))
                     .await;
             }
         };
         match self.pods.create(&PostParams::default(), &pod).await {
             Ok(created) => {
-                self.ctx.runner_memory.wrote(&self.uid, WROTE_POD);
                 // One status write: the identity (the deregistration falls back to the Secret until it is
                 // there) and the new pod's phase, which the next pass would otherwise write on its own; a
-                // quota or admission message from earlier attempts is cleared with it.
-                let mut patch = serde_json::Map::new();
-                self.identity_fields(identity, &mut patch);
+                // quota, admission or deletion message from earlier attempts is cleared with it.
+                let mut patch = StatusPatch::default();
+                self.record_identity(identity, &mut patch);
                 let status = self.status();
                 // The API server sets every new pod Pending.
                 let pod_phase = match super::policy::pod_phase(&created) {
@@ -474,47 +797,67 @@ impl<'a> Step<'a> {
                     other => other,
                 };
                 if status.phase != pod_phase || status.ready || !status.reason.is_empty() {
-                    patch.insert("phase".to_owned(), pod_phase.into());
-                    patch.insert("ready".to_owned(), false.into());
-                    patch.insert("reason".to_owned(), Value::Null);
-                    patch.insert("message".to_owned(), Value::Null);
+                    patch.phase = Some(RunnerPhase::of_pod(pod_phase));
+                    patch.ready = Some(false);
+                    patch.explain(String::new(), String::new());
                 }
-                if !patch.is_empty() {
-                    self.patch_status(Value::Object(patch)).await?;
-                }
+                self.patch_status(&patch).await?;
                 Ok(Action::requeue(self.ctx.options.resync_interval))
             }
-            Err(error) => match classify_create_error(&error) {
-                CreateRejection::AlreadyExists => match self.pods.get_opt(&self.name).await {
-                    Ok(Some(pod)) => {
-                        self.record_identity(identity).await?;
-                        self.handle_pod(&pod, identity).await
-                    }
-                    _ => Ok(Action::requeue(CACHE_WAIT)),
-                },
-                CreateRejection::Invalid(message) => {
-                    self.count_rejection("invalid");
-                    self.mark_failed(
+            Err(error) if classify_create_error(&error) == CreateRejection::AlreadyExists => {
+                // A pod of that name exists after all (made from an earlier config, which the Secret just created
+                // replaced): follow it; once it is gone, the new config is discarded as any other.
+                match self.read_pod().await? {
+                    Some(pod) => self.handle_pod(&pod, Some(identity)).await,
+                    None => Err(Error::CreateObject {
+                        kind: "Pod",
+                        namespace: self.namespace.clone(),
+                        name: self.name.clone(),
+                        source: Box::new(error),
+                    }),
+                }
+            }
+            Err(error) => self.creation_refused(error, Some(identity)).await,
+        }
+    }
+
+    /// The API server refused the pod. With `identity` (a real creation) the fresh config is discarded with its
+    /// registration, so no Secret outlives its chance of a pod.
+    async fn creation_refused(
+        &self,
+        error: kube::Error,
+        identity: Option<&JitIdentity>,
+    ) -> Result<Action> {
+        let (class, message) = match classify_create_error(&error) {
+            CreateRejection::Invalid(message) => {
+                self.count_rejection("invalid");
+                return self
+                    .mark_failed(
                         reason::INVALID_POD,
                         format!("Failed to create the pod: {message}"),
                         identity,
                     )
-                    .await
-                }
-                CreateRejection::Quota(message) => {
-                    self.pod_rejected("quota", message, identity).await
-                }
-                CreateRejection::Forbidden(message) => {
-                    self.pod_rejected("forbidden", message, identity).await
-                }
-                CreateRejection::Other => Err(Error::CreateObject {
+                    .await;
+            }
+            CreateRejection::Quota(message) => ("quota", message),
+            CreateRejection::Forbidden(message) => ("forbidden", message),
+            CreateRejection::AlreadyExists | CreateRejection::Other => {
+                return Err(Error::CreateObject {
                     kind: "Pod",
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
                     source: Box::new(error),
-                }),
-            },
+                });
+            }
+        };
+        if let Some(identity) = identity {
+            self.actions()
+                .await?
+                .remove_runner(identity.runner_id)
+                .await?;
+            delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
         }
+        self.pod_rejected(class, message).await
     }
 
     fn count_rejection(&self, reason: &'static str) {
@@ -525,20 +868,16 @@ impl<'a> Step<'a> {
             .inc();
     }
 
-    /// A quota or admission check refused the pod: not the runner's fault, so not counted; retried until the
-    /// cluster admits it (ARC deleted the runner after 10 minutes of quota, which lost its place).
-    /// The identity is recorded with the reason: a registered runner without a pod may still be scaled down.
-    async fn pod_rejected(
-        &self,
-        class: &'static str,
-        message: String,
-        identity: &JitIdentity,
-    ) -> Result<Action> {
+    /// A quota or admission check refused the pod: not the runner's fault, so not counted; retried (dry first)
+    /// until the cluster admits it (ARC deleted the runner after 10 minutes of quota, which lost its place).
+    async fn pod_rejected(&self, class: &'static str, message: String) -> Result<Action> {
         self.count_rejection(class);
         let status = self.status();
         let message = format!("Failed to create the pod: {message}");
-        let mut patch = serde_json::Map::new();
-        self.identity_fields(identity, &mut patch);
+        let mut patch = StatusPatch::default();
+        if status.runner_id != 0 {
+            patch.forget_identity();
+        }
         if status.reason != POD_REJECTED_REASON || status.message != message {
             self.event(
                 EventType::Warning,
@@ -547,38 +886,41 @@ impl<'a> Step<'a> {
                 message.clone(),
             )
             .await;
-            patch.insert("reason".to_owned(), POD_REJECTED_REASON.into());
-            patch.insert("message".to_owned(), message.into());
+            patch.explain(POD_REJECTED_REASON.to_owned(), message);
         }
-        if !patch.is_empty() {
-            self.patch_status(Value::Object(patch)).await?;
-        }
+        self.patch_status(&patch).await?;
         Ok(Action::requeue(self.ctx.options.runner.pod_rejection_retry))
     }
 
-    /// Marks the runner Failed (§3.4.7) and deregisters it; it keeps its place in the set for inspection.
+    /// Marks the runner Failed and deregisters it; it keeps its place in the set for inspection, until the set's
+    /// template changes.
     async fn mark_failed(
         &self,
         reason: &str,
         message: String,
-        identity: &JitIdentity,
+        identity: Option<&JitIdentity>,
     ) -> Result<Action> {
         self.event(EventType::Warning, reason, "CreatePod", message.clone())
             .await;
-        let mut patch = serde_json::Map::new();
-        self.identity_fields(identity, &mut patch);
-        patch.insert("phase".to_owned(), phase::FAILED.into());
-        patch.insert("reason".to_owned(), reason.into());
-        patch.insert("message".to_owned(), message.into());
-        self.patch_status(Value::Object(patch)).await?;
-        self.actions()
-            .await?
-            .remove_runner(identity.runner_id)
-            .await?;
+        let mut patch = StatusPatch {
+            phase: Some(RunnerPhase::Failed),
+            ..StatusPatch::default()
+        };
+        if let Some(identity) = identity {
+            self.record_identity(identity, &mut patch);
+        }
+        patch.explain(reason.to_owned(), message);
+        self.patch_status(&patch).await?;
+        if let Some(identity) = identity {
+            self.actions()
+                .await?
+                .remove_runner(identity.runner_id)
+                .await?;
+        }
         Ok(Action::await_change())
     }
 
-    async fn mark_outdated(&self, identity: &JitIdentity) -> Result<Action> {
+    async fn mark_outdated(&self, identity: Option<&JitIdentity>) -> Result<Action> {
         self.event(
             EventType::Warning,
             reason::OUTDATED,
@@ -586,41 +928,36 @@ impl<'a> Step<'a> {
             "the runner version is deprecated; update the runner image".to_owned(),
         )
         .await;
-        self.patch_status(json!({
-            "phase": phase::OUTDATED,
-            "reason": reason::OUTDATED,
-            "message": "Runner is deprecated",
-        }))
-        .await?;
-        self.actions()
-            .await?
-            .remove_runner(identity.runner_id)
-            .await?;
+        let mut patch = StatusPatch {
+            phase: Some(RunnerPhase::Outdated),
+            ..StatusPatch::default()
+        };
+        patch.explain(
+            reason::OUTDATED.to_owned(),
+            "Runner is deprecated".to_owned(),
+        );
+        self.patch_status(&patch).await?;
+        if let Some(identity) = identity {
+            self.actions()
+                .await?
+                .remove_runner(identity.runner_id)
+                .await?;
+        }
         Ok(Action::await_change())
     }
 
-    async fn handle_pod(&self, pod: &Pod, identity: &JitIdentity) -> Result<Action> {
-        if pod.meta().deletion_timestamp.is_some() {
-            // Its deletion event brings us back.
-            return Ok(Action::requeue(self.ctx.options.resync_interval));
-        }
+    async fn handle_pod(&self, pod: &Pod, identity: Option<&JitIdentity>) -> Result<Action> {
         let pod_uid = pod.uid().unwrap_or_default();
         let status = self.status();
         if status.failures.contains_key(&pod_uid) {
-            // Already handled (the cache has not seen the delete yet).
+            // Already handled; its deletion event brings the runner back.
             delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
-            return Ok(Action::requeue(CACHE_WAIT));
+            return Ok(Action::requeue(self.ctx.options.resync_interval));
         }
         if let Some(metadata) = job_metadata(&status)
             && !metadata.is_on(pod)
-            && !self.ctx.runner_memory.wrote_within(
-                &pod_uid,
-                WROTE_JOB_METADATA,
-                STALE_CACHE_WINDOW,
-            )
         {
             self.apply_job_metadata(&metadata, &pod_uid).await?;
-            self.ctx.runner_memory.wrote(&pod_uid, WROTE_JOB_METADATA);
         }
         match judge_pod(pod) {
             PodVerdict::Wait => Ok(Action::requeue(self.ctx.options.resync_interval)),
@@ -643,7 +980,8 @@ impl<'a> Step<'a> {
 
     /// Applies the job's labels and annotations to pod `uid`. The uid in the body makes the apply fail instead of
     /// creating a pod when that one is already gone (an apply creates what does not exist): a pass working from
-    /// a cache a moment behind must not bring a finished runner's pod back.
+    /// a cache a moment behind must not bring a finished runner's pod back. Repeating it while the cache has not
+    /// caught up changes nothing (same content, same field manager).
     async fn apply_job_metadata(
         &self,
         metadata: &super::pod::JobMetadata,
@@ -682,35 +1020,32 @@ impl<'a> Step<'a> {
     }
 
     /// The runner is starting or running: mirror the pod, and now and then make sure the service still knows
-    /// the runner (a zombie is replaced, beyond-ARC item 7).
+    /// the runner (a zombie is replaced; docs/reference/beyond-arc.md, item 7).
     async fn follow(
         &self,
         pod_phase: &str,
         ready: bool,
         reason: String,
         message: String,
-        identity: &JitIdentity,
+        identity: Option<&JitIdentity>,
     ) -> Result<Action> {
         let status = self.status();
         if status.phase != pod_phase || status.ready != ready {
-            let or_null = |text: String| {
-                if text.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(text)
-                }
+            let mut patch = StatusPatch {
+                phase: Some(RunnerPhase::of_pod(pod_phase)),
+                ready: Some(ready),
+                ..StatusPatch::default()
             };
-            self.patch_status(json!({
-                "phase": pod_phase,
-                "ready": ready,
-                "reason": or_null(reason),
-                "message": or_null(message),
-            }))
-            .await?;
+            patch.explain(reason, message);
+            if let Some(identity) = identity {
+                self.record_identity(identity, &mut patch);
+            }
+            self.patch_status(&patch).await?;
         }
         let interval = self.ctx.options.runner.registration_check_interval;
         let idle_and_running = pod_phase == phase::RUNNING && ready && !status.has_job();
         if idle_and_running
+            && let Some(identity) = identity
             && self
                 .ctx
                 .runner_memory
@@ -751,14 +1086,13 @@ impl<'a> Step<'a> {
         Ok(Action::await_change())
     }
 
-    /// The pod failed (§3.4.6): a runner with a job is deleted; otherwise the JIT config is discarded (the runner
-    /// may have consumed it), the failure recorded (counted or not) and the pod deleted, to be recreated after
-    /// the backoff.
+    /// The pod failed: a runner with a job is deleted; otherwise the JIT config is discarded (the runner may have
+    /// consumed it), the failure recorded (counted or not) and the pod deleted, to be recreated after the backoff.
     async fn pod_failed(
         &self,
         pod: &Pod,
         failure: PodFailure,
-        identity: &JitIdentity,
+        identity: Option<&JitIdentity>,
     ) -> Result<Action> {
         if self.runner.has_job() {
             self.event(
@@ -774,12 +1108,13 @@ impl<'a> Step<'a> {
             self.delete_self().await?;
             return Ok(Action::await_change());
         }
-        if self
-            .actions()
-            .await?
-            .remove_runner(identity.runner_id)
-            .await?
-            == Removal::JobStillRunning
+        if let Some(identity) = identity
+            && self
+                .actions()
+                .await?
+                .remove_runner(identity.runner_id)
+                .await?
+                == Removal::JobStillRunning
         {
             // The service gave it a job the listener has not reported yet: never restart such a runner.
             self.delete_self().await?;
@@ -787,23 +1122,14 @@ impl<'a> Step<'a> {
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
         let pod_uid = pod.uid().unwrap_or_default();
-        let mut status = json!({
-            "ready": false,
-            "reason": failure.reason,
-            "message": failure.message,
-            "runnerId": null,
-            "runnerName": null,
-        });
+        let mut patch = StatusPatch {
+            ready: Some(false),
+            ..StatusPatch::default()
+        };
+        patch.explain(failure.reason.clone(), failure.message.clone());
+        patch.forget_identity();
         let delay = if failure.counted {
-            let now = serde_json::to_value(Time(Timestamp::now())).map_err(|source| {
-                Error::Serialize {
-                    what: "failure time",
-                    source,
-                }
-            })?;
-            let mut failures = serde_json::Map::new();
-            failures.insert(pod_uid, now);
-            status["failures"] = Value::Object(failures);
+            patch.failures = Some([(pod_uid, Time(Timestamp::now()))].into());
             self.ctx
                 .metrics
                 .pod_failures
@@ -822,7 +1148,7 @@ impl<'a> Step<'a> {
                 .inc();
             disruption_delay(count, self.ctx.options.runner.disruption_backoff_max)
         };
-        self.patch_status(status).await?;
+        self.patch_status(&patch).await?;
         let (reason, what) = if failure.counted {
             ("RunnerPodFailed", "counted as a failure")
         } else {
@@ -839,7 +1165,8 @@ impl<'a> Step<'a> {
         )
         .await;
         delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
-        Ok(Action::requeue(delay.max(CACHE_WAIT)))
+        // The pod's deletion event brings the runner back; the backoff is read from the status then.
+        Ok(Action::requeue(delay.max(Duration::from_secs(1))))
     }
 
     /// Deletes the pod and the JIT Secret (done runners keep only the EphemeralRunner, for the set to count),
@@ -865,7 +1192,7 @@ impl<'a> Step<'a> {
         Ok(())
     }
 
-    /// Deletion (§3.4.8): deregister, delete children, then drop both finalizers.
+    /// Deletion: deregister, delete children, then drop both finalizers.
     async fn finalize(&self) -> Result<Action> {
         let finalizers = self.runner.finalizers();
         if !finalizers.iter().any(|f| f == EPHEMERAL_RUNNER_FINALIZER) {
@@ -894,7 +1221,6 @@ impl<'a> Step<'a> {
             .collect();
         set_finalizers(&self.api, self.runner, wanted, KIND).await?;
         self.ctx.runner_memory.forget(&self.uid);
-        self.ctx.runner_memory.finalized(&self.uid);
         Ok(Action::await_change())
     }
 
@@ -918,7 +1244,7 @@ impl<'a> Step<'a> {
         let actions = match self.actions().await {
             Ok(actions) => actions,
             // Nothing can deregister without credentials; a runner that never registered needs nothing. Holding
-            // the finalizer would only block the deletion of everything above (beyond-ARC item 13).
+            // the finalizer would only block the deletion of everything above (docs/reference/beyond-arc.md, item 13).
             Err(error)
                 if credentials_gone(&error)
                     || (runner_id == 0 && error.is_configuration_problem()) =>
@@ -982,5 +1308,43 @@ impl<'a> Step<'a> {
             delete_if_present(&self.secrets, &secret.name_any(), &self.namespace, "Secret").await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_serialise_to_arcs_strings() {
+        for (ours, arcs) in [
+            (RunnerPhase::Pending, phase::PENDING),
+            (RunnerPhase::Running, phase::RUNNING),
+            (RunnerPhase::Failed, phase::FAILED),
+            (RunnerPhase::Outdated, phase::OUTDATED),
+            (RunnerPhase::Unknown, "Unknown"),
+        ] {
+            assert_eq!(serde_json::to_value(ours).unwrap(), json!(arcs));
+        }
+        assert_eq!(RunnerPhase::of_pod("Running"), RunnerPhase::Running);
+        assert_eq!(RunnerPhase::of_pod(""), RunnerPhase::Pending);
+    }
+
+    #[test]
+    fn status_patches_name_only_what_changes() {
+        assert_eq!(
+            serde_json::to_value(StatusPatch::default()).unwrap(),
+            json!({})
+        );
+        let mut patch = StatusPatch {
+            ready: Some(false),
+            ..StatusPatch::default()
+        };
+        patch.forget_identity();
+        patch.explain("PodDeleted".to_owned(), String::new());
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!({ "ready": false, "runnerId": null, "runnerName": null, "reason": "PodDeleted", "message": null })
+        );
     }
 }

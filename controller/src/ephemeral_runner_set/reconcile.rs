@@ -35,7 +35,8 @@ use serde_json::json;
 
 use super::runner::{desired_runner, runner_spec_hash, scale_set_identity};
 use super::scale::{
-    APPLIED_PATCH_ID_ANNOTATION, Census, ScalePlan, applied_patch_id, plan, removal_candidates,
+    APPLIED_GENERATION_ANNOTATION, Census, ScalePlan, already_applied, plan, removal_candidates,
+    stale_runners,
 };
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::context::Context;
@@ -62,17 +63,11 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     }
     step.ensure_finalizer().await?;
     let hash = runner_spec_hash(&set.spec.ephemeral_runner_spec)?;
-    match set.annotations().get(INTEGRITY_HASH_ANNOTATION) {
-        // First sight of a set nobody stamped (created by hand or by another tool): adopt it as it is.
-        None => step.stamp_hash(&hash).await?,
-        Some(stamped) if *stamped != hash => {
-            // The template changed: idle runners made from the old one go; busy ones finish their job.
-            step.cleanup().await?;
-            step.reconcile_proxy_secret().await?;
-            step.stamp_hash(&hash).await?;
-            return Ok(Action::requeue(SHORT_WAIT));
-        }
-        Some(_) => {}
+    // The set's own stamp is informational (ARC's users read it); which runners are stale is told by each
+    // runner's stamp, so a writer that updates template and stamp together (the AutoscalingRunnerSet controller)
+    // still has its change reach the runners.
+    if set.annotations().get(INTEGRITY_HASH_ANNOTATION) != Some(&hash) {
+        step.stamp_hash(&hash).await?;
     }
     if set
         .status
@@ -88,6 +83,11 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     }
     let census = Census::of(step.children());
     step.update_gauges(&census);
+    // A template change: idle and failed runners of an older template go first; the set scales once the cache
+    // shows them going, so their replacements are counted against the request.
+    if step.replace_stale(&census, &hash).await? {
+        return Ok(Action::requeue(SHORT_WAIT));
+    }
     let next = step.scale(&census).await?;
     let census = Census::of(step.children());
     step.write_status(&census).await?;
@@ -288,8 +288,10 @@ impl<'a> SetStep<'a> {
     /// removable).
     async fn scale(&self, census: &Census) -> Result<Option<Duration>> {
         let patch_id = self.set.spec.patch_id;
-        let applied = applied_patch_id(
-            self.set.annotations().get(APPLIED_PATCH_ID_ANNOTATION),
+        let applied = already_applied(
+            patch_id,
+            self.set.metadata.generation,
+            self.set.annotations().get(APPLIED_GENERATION_ANNOTATION),
             census,
         );
         let decision = plan(self.set.spec.replicas, patch_id, applied, census);
@@ -300,7 +302,7 @@ impl<'a> SetStep<'a> {
             ScalePlan::Remove(count) => self.remove_idle(census, count).await,
         };
         if result.is_ok() && patch_id > 0 {
-            self.record_applied_patch(patch_id).await?;
+            self.record_applied_generation().await?;
         }
         // Finished runners go whenever a scaling step ran; failures here are only logged, as in ARC.
         for runner in &census.finished {
@@ -318,20 +320,23 @@ impl<'a> SetStep<'a> {
         result
     }
 
-    async fn record_applied_patch(&self, patch_id: i64) -> Result<()> {
-        let value = patch_id.to_string();
-        if self.set.annotations().get(APPLIED_PATCH_ID_ANNOTATION) == Some(&value) {
+    async fn record_applied_generation(&self) -> Result<()> {
+        let Some(generation) = self.set.metadata.generation else {
+            return Ok(());
+        };
+        let value = generation.to_string();
+        if self.set.annotations().get(APPLIED_GENERATION_ANNOTATION) == Some(&value) {
             return Ok(());
         }
         let patch =
-            json!({ "metadata": { "annotations": { APPLIED_PATCH_ID_ANNOTATION: value } } });
+            json!({ "metadata": { "annotations": { APPLIED_GENERATION_ANNOTATION: value } } });
         self.api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(drop)
             .map_err(|source| Error::PatchObject {
                 kind: KIND,
-                what: "applied patch id",
+                what: "applied generation",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
                 source: Box::new(source),
@@ -344,6 +349,7 @@ impl<'a> SetStep<'a> {
             self.set,
             owner,
             &self.ctx.options.exclude_label_propagation_prefixes,
+            &runner_spec_hash(&self.set.spec.ephemeral_runner_spec)?,
         );
         let results: Vec<Result<String>> = stream::iter(0..count)
             .map(|_| {
@@ -436,6 +442,48 @@ impl<'a> SetStep<'a> {
         } else {
             None
         })
+    }
+
+    /// Deregisters and deletes the runners an older template made that may go now (failed, or idle); returns
+    /// whether any went. Busy ones finish their job first; the service's word decides, as for a scale-down.
+    async fn replace_stale(&self, census: &Census, hash: &str) -> Result<bool> {
+        let stale = stale_runners(census, hash);
+        if stale.is_empty() {
+            return Ok(false);
+        }
+        let actions = self.actions().await?;
+        let outcomes: Vec<(String, Result<bool>)> = stream::iter(stale.into_iter().cloned())
+            .map(|runner: Arc<EphemeralRunner>| {
+                let actions = actions.clone();
+                async move {
+                    (
+                        runner.name_any(),
+                        self.deregister_and_delete(&runner, actions.as_ref()).await,
+                    )
+                }
+            })
+            .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
+            .collect()
+            .await;
+        let mut removed = Vec::new();
+        let mut errors = Vec::new();
+        for (name, outcome) in outcomes {
+            match outcome {
+                Ok(true) => removed.push(name),
+                Ok(false) => {}
+                Err(error) => errors.push(error),
+            }
+        }
+        if !removed.is_empty() {
+            tracing::info!(
+                replaced = removed.len(),
+                "runners of an older template removed; replacements follow"
+            );
+        }
+        let any = !removed.is_empty();
+        self.ctx.expectations.deleted(&self.key, removed);
+        collect_errors(errors)?;
+        Ok(any)
     }
 
     /// An Actions client for the set's runners; `None` when the credentials are gone (the set is then torn

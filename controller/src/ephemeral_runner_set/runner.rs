@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use crds::constants::{
     COMPONENT_LABEL, COMPONENT_RUNNER, EPHEMERAL_RUNNER_FINALIZER,
-    EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, PATCH_ID_ANNOTATION, SCALE_SET_NAME_LABEL,
-    SCALE_SET_NAMESPACE_LABEL,
+    EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION,
+    SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
 use crds::names::{ephemeral_runner_generate_name, ephemeral_runner_set_proxy_secret_name};
 use crds::{EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSpec};
@@ -26,11 +26,13 @@ pub fn runner_spec_hash(spec: &EphemeralRunnerSpec) -> Result<String> {
     integrity_hash(spec)
 }
 
-/// A new runner of `set` (to be created with `generateName`).
+/// A new runner of `set` (to be created with `generateName`), stamped with `template_hash`, the
+/// [`runner_spec_hash`] of the template it copies: the set tells a runner made from an older template by it.
 pub fn desired_runner(
     set: &EphemeralRunnerSet,
     owner: OwnerReference,
     excluded_prefixes: &[String],
+    template_hash: &str,
 ) -> EphemeralRunner {
     let set_name = set.name_any();
     let namespace = set.namespace().unwrap_or_default();
@@ -44,7 +46,12 @@ pub fn desired_runner(
     );
     let mut annotations: BTreeMap<String, String> = set.annotations().clone();
     annotations.remove(LAST_APPLIED_ANNOTATION);
-    annotations.remove(super::scale::APPLIED_PATCH_ID_ANNOTATION);
+    annotations.remove(super::scale::APPLIED_GENERATION_ANNOTATION);
+    annotations.remove(super::scale::LEGACY_APPLIED_PATCH_ID_ANNOTATION);
+    annotations.insert(
+        INTEGRITY_HASH_ANNOTATION.to_owned(),
+        template_hash.to_owned(),
+    );
     annotations.insert(
         PATCH_ID_ANNOTATION.to_owned(),
         set.spec.patch_id.to_string(),
@@ -155,7 +162,7 @@ mod tests {
 
     #[test]
     fn runner_from_set() {
-        let runner = desired_runner(&set(), owner(), &["internal.io/".to_owned()]);
+        let runner = desired_runner(&set(), owner(), &["internal.io/".to_owned()], "h1");
         assert_eq!(
             runner.metadata.generate_name.as_deref(),
             Some("arc-runner-")
@@ -176,6 +183,10 @@ mod tests {
         assert_eq!(annotations[PATCH_ID_ANNOTATION], "7");
         assert_eq!(annotations["note"], "n");
         assert!(!annotations.contains_key(LAST_APPLIED_ANNOTATION));
+        assert_eq!(
+            annotations[INTEGRITY_HASH_ANNOTATION], "h1",
+            "the runner records the template it was made from"
+        );
         assert_eq!(runner.spec.proxy_secret_ref, "");
         assert_eq!(runner.metadata.owner_references, Some(vec![owner()]));
     }
@@ -184,7 +195,7 @@ mod tests {
     fn proxied_runners_reference_the_proxy_secret() {
         let mut set = set();
         set.spec.ephemeral_runner_spec.proxy = Some(ProxyConfig::default());
-        let runner = desired_runner(&set, owner(), &[]);
+        let runner = desired_runner(&set, owner(), &[], "h1");
         assert_eq!(
             runner.spec.proxy_secret_ref,
             ephemeral_runner_set_proxy_secret_name("arc", "ns")

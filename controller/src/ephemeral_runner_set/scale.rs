@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crds::constants::{PATCH_ID_ANNOTATION, phase};
+use crds::constants::{INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, phase};
 use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -124,25 +124,39 @@ pub enum ScalePlan {
     Hold,
 }
 
-/// Which patch id was last acted upon: the set's [`APPLIED_PATCH_ID_ANNOTATION`] when present, else (ARC's rule)
-/// the highest patch id recorded on its runners.
-pub fn applied_patch_id(annotation: Option<&String>, census: &Census) -> i64 {
-    annotation
-        .and_then(|value| value.parse::<i64>().ok())
-        .unwrap_or(census.latest_patch_id)
+/// Annotation on an EphemeralRunnerSet: the `metadata.generation` whose positive patch id was acted upon.
+///
+/// A patch id only means something within one listener's life: a new listener counts from the start again. ARC
+/// infers "this patch was acted upon" from the patch ids on the runners, so a new listener's patch whose id equals
+/// one an earlier listener used is ignored, and a controller stopped half-way through a scale-up never finishes
+/// it. The API server gives every change of the spec a new generation, so recording the generation acted upon
+/// says exactly which version of the request was served, whoever wrote it.
+pub const APPLIED_GENERATION_ANNOTATION: &str = "actions.github.com/applied-generation";
+/// The annotation an earlier version of this controller recorded patch ids in; stripped from new runners.
+pub const LEGACY_APPLIED_PATCH_ID_ANNOTATION: &str = "actions.github.com/applied-patch-id";
+
+/// Whether the set's current request (`patch_id` at `generation`) was already acted upon. Patch 0 is
+/// authoritative and always acted upon. Without a recorded generation (a set adopted from ARC), ARC's rule: the
+/// highest patch id on the runners.
+pub fn already_applied(
+    patch_id: i64,
+    generation: Option<i64>,
+    recorded: Option<&String>,
+    census: &Census,
+) -> bool {
+    if patch_id <= 0 {
+        return false;
+    }
+    match recorded.and_then(|value| value.parse::<i64>().ok()) {
+        Some(applied) => generation == Some(applied),
+        None => patch_id == census.latest_patch_id,
+    }
 }
 
-/// Annotation on an EphemeralRunnerSet: the last positive patch id whose scaling step completed.
-///
-/// ARC infers "this patch was acted upon" from the patch ids on the runners, so a controller that stops half-way
-/// through a scale-up (crash, API errors) never finishes that patch: the runners it did create carry the id.
-/// Recording completion separately lets the next pass, or the next process, finish the job.
-pub const APPLIED_PATCH_ID_ANNOTATION: &str = "actions.github.com/applied-patch-id";
-
-/// The patch-ID protocol (§3.3.3): `patch_id` 0 is authoritative (scale both ways); a positive one only scales
-/// up, once (`applied` is the last patch id acted upon, see [`applied_patch_id`]).
-pub fn plan(replicas: i64, patch_id: i64, applied: i64, census: &Census) -> ScalePlan {
-    if patch_id > 0 && patch_id == applied {
+/// The patch-ID protocol (docs/reference/controllers.md, "The patch-ID protocol"): `patch_id` 0 is
+/// authoritative (scale both ways); a positive one only scales up, once (see [`already_applied`]).
+pub fn plan(replicas: i64, patch_id: i64, applied: bool, census: &Census) -> ScalePlan {
+    if applied {
         return ScalePlan::AlreadyApplied;
     }
     let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
@@ -154,6 +168,26 @@ pub fn plan(replicas: i64, patch_id: i64, applied: i64, census: &Census) -> Scal
     } else {
         ScalePlan::Hold
     }
+}
+
+/// Runners made from another template than the set's current one (`hash`, compared with each runner's
+/// `actions.github.com/integrity-hash`) that may go now: failed ones, and pending or running ones without a job.
+/// A busy runner finishes its job on the template it started with. Runners without the annotation (made by
+/// another controller) are taken as current.
+pub fn stale_runners<'a>(census: &'a Census, hash: &str) -> Vec<&'a Arc<EphemeralRunner>> {
+    census
+        .failed
+        .iter()
+        .chain(&census.pending)
+        .chain(&census.running)
+        .filter(|runner| {
+            runner
+                .annotations()
+                .get(INTEGRITY_HASH_ANNOTATION)
+                .is_some_and(|made_from| made_from != hash)
+        })
+        .filter(|runner| bucket(runner) == Bucket::Failed || !runner.has_job())
+        .collect()
 }
 
 /// Why a runner may not be removed by a scale-down.
@@ -329,36 +363,58 @@ mod tests {
     #[test]
     fn patch_protocol() {
         let census = Census::of([runner("a", "Running", 1, 1, false, Some(4))]);
-        let applied = applied_patch_id(None, &census);
-        assert_eq!(applied, 4);
-        assert_eq!(plan(3, 4, applied, &census), ScalePlan::AlreadyApplied);
-        assert_eq!(plan(3, 5, applied, &census), ScalePlan::Create(2));
-        assert_eq!(plan(0, 5, applied, &census), ScalePlan::Hold);
-        assert_eq!(plan(0, 0, applied, &census), ScalePlan::Remove(1));
-        assert_eq!(plan(1, 0, applied, &census), ScalePlan::Hold);
-        assert_eq!(plan(-3, 0, applied, &census), ScalePlan::Remove(1));
+        // Not recorded (adopted from ARC): ARC's rule.
+        assert!(already_applied(4, Some(7), None, &census));
+        assert!(!already_applied(5, Some(7), None, &census));
+        assert_eq!(plan(3, 4, true, &census), ScalePlan::AlreadyApplied);
+        assert_eq!(plan(3, 5, false, &census), ScalePlan::Create(2));
+        assert_eq!(plan(0, 5, false, &census), ScalePlan::Hold);
+        assert_eq!(plan(0, 0, false, &census), ScalePlan::Remove(1));
+        assert_eq!(plan(1, 0, false, &census), ScalePlan::Hold);
+        assert_eq!(plan(-3, 0, false, &census), ScalePlan::Remove(1));
         // Patch 0 is never "already applied", even when a runner carries patch id 0.
         let zero = Census::of([runner("a", "Running", 1, 1, false, Some(0))]);
-        assert_eq!(
-            plan(2, 0, applied_patch_id(None, &zero), &zero),
-            ScalePlan::Create(1)
+        assert!(!already_applied(0, Some(3), None, &zero));
+    }
+
+    #[test]
+    fn a_recorded_generation_decides_not_the_patch_id() {
+        let census = Census::of([runner("a", "Pending", 1, 1, false, Some(4))]);
+        let recorded = "7".to_owned();
+        // The same version of the spec: done.
+        assert!(already_applied(4, Some(7), Some(&recorded), &census));
+        // A new listener's patch with an id an old one used, or an interrupted scale-up: a new generation.
+        assert!(!already_applied(4, Some(9), Some(&recorded), &census));
+        let garbage = "x".to_owned();
+        assert!(
+            already_applied(4, Some(9), Some(&garbage), &census),
+            "falls back to ARC's rule"
         );
     }
 
     #[test]
-    fn an_interrupted_scale_up_is_finished() {
-        // Patch 4 created one of three runners, then the controller stopped: the annotation still says 3.
-        let census = Census::of([runner("a", "Pending", 1, 1, false, Some(4))]);
-        let recorded = "3".to_owned();
-        let applied = applied_patch_id(Some(&recorded), &census);
-        assert_eq!(plan(3, 4, applied, &census), ScalePlan::Create(2));
-        let done = "4".to_owned();
-        assert_eq!(
-            plan(3, 4, applied_patch_id(Some(&done), &census), &census),
-            ScalePlan::AlreadyApplied
-        );
-        let garbage = "x".to_owned();
-        assert_eq!(applied_patch_id(Some(&garbage), &census), 4);
+    fn stale_runners_are_the_idle_and_failed_ones_of_another_template() {
+        let with_hash = |runner: Arc<EphemeralRunner>, hash: &str| {
+            let mut runner = (*runner).clone();
+            runner
+                .annotations_mut()
+                .insert(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.to_owned());
+            Arc::new(runner)
+        };
+        let census = Census::of([
+            with_hash(runner("old-idle", "Running", 1, 1, false, None), "old"),
+            with_hash(runner("old-pending", "Pending", 1, 2, false, None), "old"),
+            with_hash(runner("old-busy", "Running", 1, 3, true, None), "old"),
+            with_hash(runner("old-failed", "Failed", 1, 4, false, None), "old"),
+            with_hash(runner("new-idle", "Running", 1, 5, false, None), "new"),
+            runner("adopted", "Running", 1, 6, false, None),
+        ]);
+        let mut names: Vec<String> = stale_runners(&census, "new")
+            .into_iter()
+            .map(|runner| runner.name_any())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["old-failed", "old-idle", "old-pending"]);
     }
 
     #[test]
@@ -404,7 +460,7 @@ mod tests {
                 .map(|(i, (phase, created, id, job, patch))| runner(&format!("r{i}"), &phase, created, id, job, patch))
                 .collect();
             let census = Census::of(runners);
-            let plan = plan(replicas, patch_id, applied_patch_id(None, &census), &census);
+            let plan = plan(replicas, patch_id, already_applied(patch_id, None, None, &census), &census);
             if patch_id > 0 {
                 prop_assert!(!matches!(plan, ScalePlan::Remove(_)));
             }

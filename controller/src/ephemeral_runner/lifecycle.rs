@@ -1,0 +1,468 @@
+//! The EphemeralRunner's next step, as one pure function of what a pass has observed (docs/runner-lifecycle.md).
+//!
+//! A pass starts from the cache (the runner and its pod) and asks for more only when a decision needs it: the
+//! JIT Secret, the pod or the runner itself read straight from the API server. Each step the function returns is
+//! either such a read, a write after which the executor updates the facts and asks again, or the last step of
+//! the pass. Correctness rests on facts the API server gives, never on how late a watch event might be:
+//!
+//! * **A JIT config goes into at most one pod.** The Secret is created in the pass that creates the pod, so a
+//!   Secret without a pod means its config may have been consumed (a pod deleted, evicted, or a crash between the
+//!   two writes): it is discarded, with its registration, before a new one is made. "Without a pod" is an
+//!   uncached read, not the cache's word.
+//! * **Nothing is registered for a runner that is going.** Before a registration (the one effect that cannot be
+//!   undone by deleting objects), the runner itself is read from the API server: a runner deleted or finalized a
+//!   moment ago, still alive in the cache, registers nothing.
+//! * **A busy runner is never restarted.** A runner with a job (the listener's report or the service's refusal
+//!   to deregister it) whose pod goes away is finished, not given a new pod.
+
+use std::time::Duration;
+
+use super::policy::PodVerdict;
+
+/// What a pass knows about the runner's pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodFact {
+    /// The cache shows none; the API server has not been asked.
+    NotCached,
+    /// The API server says there is none.
+    Gone,
+    /// A pod not being deleted, and what its state means.
+    Live(PodVerdict),
+    /// A pod being deleted (by us, a drain, an eviction, `kubectl delete`).
+    Terminating {
+        /// What its state means.
+        verdict: PodVerdict,
+        /// Its deletion deadline (set by the API server from the grace period) has passed: the node is not
+        /// stopping it (a lost node, a stuck runtime).
+        past_deadline: bool,
+    },
+}
+
+/// What a pass knows about the runner's JIT config Secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretFact {
+    /// Not read in this pass.
+    Unread,
+    /// The API server says there is none.
+    Absent,
+    /// Present and readable.
+    Valid,
+    /// Present but unreadable (keys missing or malformed).
+    Corrupt,
+    /// Created in this pass: no pod can have used it yet.
+    Fresh,
+}
+
+/// What a pass knows about the runner object itself, read from the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunnerFact {
+    /// Not read in this pass (the cached copy is all there is).
+    Unread,
+    /// Exists, same uid, not being deleted.
+    Live,
+    /// Gone, replaced, or being deleted.
+    Going,
+}
+
+/// Everything the decision reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    /// The runner has a deletion timestamp.
+    pub deleting: bool,
+    /// The runner reached a terminal phase (Failed, Outdated, Succeeded): it only keeps its place.
+    pub done: bool,
+    /// One of the two runner finalizers is missing.
+    pub finalizers_missing: bool,
+    /// Counted pod failures so far.
+    pub failures: usize,
+    /// The budget of counted failures (more than this gives the runner up).
+    pub max_failures: usize,
+    /// The listener reported a job on the runner.
+    pub has_job: bool,
+    /// The service refused to deregister the runner in this pass: it holds a job the listener has not reported.
+    pub service_busy: bool,
+    /// The status records a registration (a runner id).
+    pub registered: bool,
+    /// Time left before the next pod may be created (after counted failures or disruptions).
+    pub backoff: Option<Duration>,
+    /// The last pod creation was refused by a quota or an admission check: try the next one dry first.
+    pub rejected: bool,
+    /// A dry-run creation passed in this pass.
+    pub dry_run_passed: bool,
+    /// The pod.
+    pub pod: PodFact,
+    /// The JIT Secret.
+    pub secret: SecretFact,
+    /// The runner, from the API server.
+    pub fresh_runner: RunnerFact,
+}
+
+/// The next step of a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    // Reads (the pass goes on).
+    /// Read the JIT Secret from the API server.
+    ReadSecret,
+    /// Read the pod from the API server (the cache shows none while a Secret exists).
+    ReadPod,
+    /// Read the runner from the API server before registering.
+    ReadRunner,
+
+    // Writes after which the pass goes on.
+    /// Add the missing finalizers.
+    AddFinalizers,
+    /// Remove the registration whose config a vanished pod may have consumed, then its Secret.
+    DiscardConfig,
+    /// The pod is going away and the runner is idle: remove its registration now, so the service gives it no
+    /// job, and forget the identity.
+    ReleaseIdle,
+    /// Create the pod in dry-run mode: after a refusal, nothing is registered until the cluster would admit it.
+    DryRunPod,
+    /// Register the runner (a JIT config) and store the config in its Secret.
+    Register,
+
+    // Last steps of a pass.
+    /// Deletion: deregister, delete the pod and the Secret, drop the finalizers.
+    Finalize,
+    /// A terminal runner: delete its pod and Secret, keep the object for the set.
+    DeleteChildren,
+    /// Too many counted failures: delete the runner, the set replaces it.
+    GiveUp,
+    /// Wait this long (failure or disruption backoff).
+    Wait(Duration),
+    /// The runner held a job and lost its pod: delete the runner (the job is the service's to fail or retry).
+    FinishInterrupted,
+    /// The idle runner's pod is going away: wait for it to be gone, then a new one follows.
+    AwaitPodGone,
+    /// The pod stays after its deletion deadline: delete the runner so the set replaces it elsewhere.
+    GiveUpPlace,
+    /// Create the pod from the Secret made in this pass.
+    CreatePod,
+    /// Follow the live pod (mirror its state, act on its end).
+    Follow,
+    /// The runner is going; nothing to do.
+    Stop,
+}
+
+/// The next step for a runner, given what the pass has observed so far.
+pub fn decide(facts: &Facts) -> Next {
+    if facts.deleting {
+        return Next::Finalize;
+    }
+    if facts.done {
+        return Next::DeleteChildren;
+    }
+    if facts.finalizers_missing {
+        return Next::AddFinalizers;
+    }
+    if super::policy::retries_exhausted(facts.failures, facts.max_failures) {
+        return Next::GiveUp;
+    }
+    let busy = facts.has_job || facts.service_busy;
+    match &facts.pod {
+        // The identity a live pod runs under comes from the status, or from the Secret when the status does not
+        // record it yet.
+        PodFact::Live(_) if !facts.registered && facts.secret == SecretFact::Unread => {
+            Next::ReadSecret
+        }
+        PodFact::Live(_) => Next::Follow,
+        PodFact::Terminating { verdict, .. } if *verdict == PodVerdict::Succeeded => Next::Follow,
+        PodFact::Terminating { .. } if busy => Next::FinishInterrupted,
+        PodFact::Terminating { .. } if facts.registered => Next::ReleaseIdle,
+        PodFact::Terminating {
+            past_deadline: true,
+            ..
+        } => Next::GiveUpPlace,
+        PodFact::Terminating { .. } => Next::AwaitPodGone,
+        PodFact::NotCached | PodFact::Gone => without_pod(facts, busy),
+    }
+}
+
+fn without_pod(facts: &Facts, busy: bool) -> Next {
+    if let Some(wait) = facts.backoff.filter(|wait| !wait.is_zero()) {
+        return Next::Wait(wait);
+    }
+    match facts.secret {
+        SecretFact::Unread => Next::ReadSecret,
+        SecretFact::Fresh => Next::CreatePod,
+        SecretFact::Valid | SecretFact::Corrupt if facts.pod == PodFact::NotCached => Next::ReadPod,
+        SecretFact::Valid | SecretFact::Corrupt if busy => Next::FinishInterrupted,
+        SecretFact::Valid | SecretFact::Corrupt => Next::DiscardConfig,
+        SecretFact::Absent if busy => Next::FinishInterrupted,
+        SecretFact::Absent => match facts.fresh_runner {
+            RunnerFact::Unread => Next::ReadRunner,
+            RunnerFact::Going => Next::Stop,
+            RunnerFact::Live if facts.rejected && !facts.dry_run_passed => Next::DryRunPod,
+            RunnerFact::Live => Next::Register,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ephemeral_runner::policy::PodFailure;
+    use proptest::prelude::*;
+
+    fn fresh() -> Facts {
+        Facts {
+            deleting: false,
+            done: false,
+            finalizers_missing: false,
+            failures: 0,
+            max_failures: 5,
+            has_job: false,
+            service_busy: false,
+            registered: false,
+            backoff: None,
+            rejected: false,
+            dry_run_passed: false,
+            pod: PodFact::NotCached,
+            secret: SecretFact::Unread,
+            fresh_runner: RunnerFact::Unread,
+        }
+    }
+
+    fn progress() -> PodVerdict {
+        PodVerdict::Progress {
+            phase: "Running".to_owned(),
+            ready: true,
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+
+    fn failed() -> PodVerdict {
+        PodVerdict::Failed(PodFailure {
+            counted: true,
+            class: "runner_exit",
+            reason: "RunnerExited".to_owned(),
+            message: "exit 1".to_owned(),
+        })
+    }
+
+    #[test]
+    fn a_new_runner_reads_then_registers_then_creates_its_pod() {
+        let mut facts = fresh();
+        assert_eq!(decide(&facts), Next::ReadSecret);
+        facts.secret = SecretFact::Absent;
+        assert_eq!(decide(&facts), Next::ReadRunner);
+        facts.fresh_runner = RunnerFact::Live;
+        assert_eq!(decide(&facts), Next::Register);
+        facts.secret = SecretFact::Fresh;
+        assert_eq!(decide(&facts), Next::CreatePod);
+    }
+
+    #[test]
+    fn a_secret_without_a_pod_is_confirmed_then_discarded() {
+        let mut facts = fresh();
+        facts.registered = true;
+        facts.secret = SecretFact::Valid;
+        assert_eq!(
+            decide(&facts),
+            Next::ReadPod,
+            "the cache's word is not enough"
+        );
+        facts.pod = PodFact::Gone;
+        assert_eq!(decide(&facts), Next::DiscardConfig);
+        facts.has_job = true;
+        assert_eq!(decide(&facts), Next::FinishInterrupted);
+    }
+
+    #[test]
+    fn a_runner_going_away_registers_nothing() {
+        let mut facts = fresh();
+        facts.secret = SecretFact::Absent;
+        facts.fresh_runner = RunnerFact::Going;
+        assert_eq!(decide(&facts), Next::Stop);
+    }
+
+    #[test]
+    fn a_pod_deleted_by_someone_else() {
+        let mut facts = fresh();
+        facts.registered = true;
+        facts.pod = PodFact::Terminating {
+            verdict: progress(),
+            past_deadline: false,
+        };
+        assert_eq!(decide(&facts), Next::ReleaseIdle);
+        facts.registered = false;
+        assert_eq!(decide(&facts), Next::AwaitPodGone);
+        facts.pod = PodFact::Terminating {
+            verdict: progress(),
+            past_deadline: true,
+        };
+        assert_eq!(decide(&facts), Next::GiveUpPlace);
+        facts.service_busy = true;
+        assert_eq!(decide(&facts), Next::FinishInterrupted);
+        facts.pod = PodFact::Terminating {
+            verdict: PodVerdict::Succeeded,
+            past_deadline: false,
+        };
+        assert_eq!(decide(&facts), Next::Follow, "exit 0 is a finished runner");
+    }
+
+    #[test]
+    fn after_a_refusal_the_next_pod_is_tried_dry_first() {
+        let mut facts = fresh();
+        facts.rejected = true;
+        facts.secret = SecretFact::Absent;
+        facts.fresh_runner = RunnerFact::Live;
+        assert_eq!(decide(&facts), Next::DryRunPod);
+        facts.dry_run_passed = true;
+        assert_eq!(decide(&facts), Next::Register);
+    }
+
+    #[test]
+    fn backoff_comes_before_any_registration() {
+        let mut facts = fresh();
+        facts.backoff = Some(Duration::from_secs(5));
+        assert_eq!(decide(&facts), Next::Wait(Duration::from_secs(5)));
+    }
+
+    fn arb_verdict() -> impl Strategy<Value = PodVerdict> {
+        prop_oneof![
+            Just(PodVerdict::Wait),
+            Just(progress()),
+            Just(PodVerdict::Succeeded),
+            Just(PodVerdict::Outdated),
+            Just(failed()),
+        ]
+    }
+
+    fn arb_pod() -> impl Strategy<Value = PodFact> {
+        prop_oneof![
+            Just(PodFact::NotCached),
+            Just(PodFact::Gone),
+            arb_verdict().prop_map(PodFact::Live),
+            (arb_verdict(), any::<bool>()).prop_map(|(verdict, past_deadline)| {
+                PodFact::Terminating {
+                    verdict,
+                    past_deadline,
+                }
+            }),
+        ]
+    }
+
+    /// What the API server may answer to a read.
+    #[derive(Debug, Clone)]
+    struct World {
+        secret: SecretFact,
+        pod: PodFact,
+        runner: RunnerFact,
+        service_busy: bool,
+        dry_run_ok: bool,
+    }
+
+    fn arb_world() -> impl Strategy<Value = World> {
+        (
+            prop_oneof![
+                Just(SecretFact::Absent),
+                Just(SecretFact::Valid),
+                Just(SecretFact::Corrupt)
+            ],
+            arb_pod().prop_filter("the API server answers", |pod| *pod != PodFact::NotCached),
+            prop_oneof![Just(RunnerFact::Live), Just(RunnerFact::Going)],
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(secret, pod, runner, service_busy, dry_run_ok)| World {
+                secret,
+                pod,
+                runner,
+                service_busy,
+                dry_run_ok,
+            })
+    }
+
+    prop_compose! {
+        fn arb_facts()(
+            deleting in any::<bool>(),
+            done in any::<bool>(),
+            finalizers_missing in any::<bool>(),
+            failures in 0usize..8,
+            has_job in any::<bool>(),
+            registered in any::<bool>(),
+            backoff in proptest::option::of(0u64..10),
+            rejected in any::<bool>(),
+            pod in arb_pod(),
+        ) -> Facts {
+            Facts {
+                deleting, done, finalizers_missing, failures, max_failures: 5, has_job,
+                service_busy: false, registered, backoff: backoff.map(Duration::from_secs), rejected,
+                dry_run_passed: false, pod, secret: SecretFact::Unread, fresh_runner: RunnerFact::Unread,
+            }
+        }
+    }
+
+    /// Runs a pass the way the executor does, against `world`; returns the steps taken.
+    fn run_pass(mut facts: Facts, world: &World) -> Vec<Next> {
+        let mut steps = Vec::new();
+        loop {
+            let next = decide(&facts);
+            steps.push(next);
+            assert!(
+                steps.len() <= 12,
+                "a pass ends in a bounded number of steps: {steps:?}"
+            );
+            match next {
+                Next::ReadSecret => facts.secret = world.secret,
+                Next::ReadPod => facts.pod = world.pod.clone(),
+                Next::ReadRunner => facts.fresh_runner = world.runner,
+                Next::AddFinalizers => facts.finalizers_missing = false,
+                Next::DiscardConfig | Next::ReleaseIdle => {
+                    if world.service_busy {
+                        facts.service_busy = true;
+                    } else {
+                        facts.registered = false;
+                        if next == Next::DiscardConfig {
+                            facts.secret = SecretFact::Absent;
+                        }
+                    }
+                }
+                Next::DryRunPod => {
+                    if !world.dry_run_ok {
+                        return steps;
+                    }
+                    facts.dry_run_passed = true;
+                }
+                Next::Register => {
+                    facts.secret = SecretFact::Fresh;
+                    facts.registered = true;
+                }
+                _ => return steps,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_pass_ends_and_keeps_the_invariants(facts in arb_facts(), world in arb_world()) {
+            let steps = run_pass(facts.clone(), &world);
+            let last = *steps.last().expect("a step");
+            // A pod is created only from a config made in the same pass: never a JIT config used twice.
+            if last == Next::CreatePod {
+                prop_assert!(steps.contains(&Next::Register), "{steps:?}");
+            }
+            // Never two live pods: nothing is registered (and so no pod created) while the pass has seen a pod,
+            // in the cache or from the API server.
+            if steps.contains(&Next::Register) {
+                let alive = |pod: &PodFact| matches!(pod, PodFact::Live(_) | PodFact::Terminating { .. });
+                prop_assert!(!alive(&facts.pod), "{steps:?}");
+                prop_assert!(!steps.contains(&Next::ReadPod) || !alive(&world.pod), "{steps:?}");
+                // Nothing is registered for a runner the API server says is going.
+                prop_assert!(steps.contains(&Next::ReadRunner) && world.runner == RunnerFact::Live);
+                // A busy runner never gets a new pod.
+                prop_assert!(!facts.has_job, "{steps:?}");
+            }
+            // A busy runner is never released or discarded as if idle.
+            if facts.has_job {
+                prop_assert!(!steps.contains(&Next::DiscardConfig) && !steps.contains(&Next::ReleaseIdle));
+            }
+            // A deleting runner only finalizes.
+            if facts.deleting {
+                prop_assert_eq!(steps, vec![Next::Finalize]);
+            }
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! Runner lifecycle paths a real cluster walks and a simulator does not: pods deleted or evicted through the API,
+//! a template edited while runners wait, a listener restarted with its patch ids counting from the start again.
+//! Each test is against a real API server and the fake Actions Service, the test acting as kubelet and listener.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::Env;
+use crds::EphemeralRunner;
+use fake_actions_service::{EnqueueJobs, RunnerSelector};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Event, Pod};
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+fn runner_id(runner: &EphemeralRunner) -> i64 {
+    runner.status.as_ref().map_or(0, |status| status.runner_id)
+}
+
+/// The JIT config in runner `name`'s Secret, once there is one.
+async fn jit_token(env: &Env, name: &str) -> Option<Vec<u8>> {
+    let secret = env.secrets_api().get_opt(name).await.ok()??;
+    Some(secret.data?.get("jitToken")?.0.clone())
+}
+
+/// Waits for the one runner of a one-runner set to have a pod, runs that pod, and returns the runner's name,
+/// pod uid, runner id and JIT config.
+async fn one_idle_runner(env: &Env) -> (String, String, i64, Vec<u8>) {
+    let (name, uid) = env
+        .eventually("a pod", || async {
+            env.pod_uids().await.into_iter().next()
+        })
+        .await;
+    env.run_pod(&name).await;
+    let id = env
+        .eventually("the runner registered and running", || async {
+            let runner = env.runners_api().get(&name).await.ok()?;
+            let status = runner.status.clone()?;
+            (status.phase == "Running" && status.runner_id != 0).then(|| runner_id(&runner))
+        })
+        .await;
+    let token = jit_token(env, &name).await.expect("the JIT Secret");
+    (name, uid, id, token)
+}
+
+/// Gives registered runner `runner_id` a job in the fake, as the service would, and reports it on the runner
+/// as the listener would. Returns the job id.
+async fn give_job(env: &Env, name: &str, runner_id: i64) -> i64 {
+    let state = env.fake.state();
+    state
+        .mark_runner_online(&RunnerSelector {
+            runner_id: Some(runner_id),
+            jit_config: None,
+        })
+        .expect("runner online");
+    let session = env
+        .actions
+        .create_message_session(env.scale_set_id, "test-listener")
+        .await
+        .expect("message session");
+    let ids = state
+        .enqueue_jobs(&EnqueueJobs {
+            scale_set_id: Some(env.scale_set_id),
+            count: 1,
+            ..EnqueueJobs::default()
+        })
+        .expect("enqueue a job");
+    env.actions
+        .acquire_jobs(env.scale_set_id, &session.message_queue_access_token, &ids)
+        .await
+        .expect("acquire the job");
+    assert_eq!(state.job(ids[0]).expect("job").runner_id, Some(runner_id));
+    env.runners_api()
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": {
+                "jobRequestId": ids[0],
+                "jobId": format!("job-{}", ids[0]),
+                "jobRepositoryName": "org/repo",
+                "jobWorkflowRef": "org/repo/.github/workflows/ci.yml@refs/heads/main",
+                "workflowRunId": 9001,
+                "jobDisplayName": "build",
+            } })),
+        )
+        .await
+        .expect("report the job");
+    ids[0]
+}
+
+/// Reasons of the Events about runner `name`.
+async fn event_reasons(env: &Env, name: &str) -> BTreeSet<String> {
+    let events: Api<Event> = env.ctx.api();
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|event| event.involved_object.name.as_deref() == Some(name))
+        .filter_map(|event| event.reason)
+        .collect()
+}
+
+/// Waits until runner `name` has a live pod other than `old_uid` and returns it.
+async fn replacement_pod(env: &Env, name: &str, old_uid: &str) -> Pod {
+    env.eventually("a new pod for the runner", || async {
+        let pod = env.pods_api().get_opt(name).await.ok()??;
+        (pod.uid().as_deref() != Some(old_uid) && pod.metadata.deletion_timestamp.is_none())
+            .then_some(pod)
+    })
+    .await
+}
+
+/// An idle runner whose pod goes away through the API (a drain, the cluster autoscaler, `kubectl delete pod`)
+/// gets a new pod with a fresh JIT config: the old one may have been consumed by the deleted pod's runner.
+async fn idle_pod_removed_through_the_api(prefix: &str, evict: bool) {
+    let env = Env::new(prefix).await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+    let (name, uid, old_id, old_token) = one_idle_runner(&env).await;
+
+    if evict {
+        env.pods_api()
+            .evict(&name, &EvictParams::default())
+            .await
+            .expect("evict the pod through the Eviction API");
+    } else {
+        env.pods_api()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete the pod");
+    }
+
+    let pod = replacement_pod(&env, &name, &uid).await;
+    let new_token = env
+        .eventually("the new pod's JIT Secret", || jit_token(&env, &name))
+        .await;
+    assert!(
+        new_token != old_token,
+        "the new pod must not get the JIT config the deleted pod's runner may have consumed"
+    );
+    let runner = env
+        .runners_api()
+        .get(&name)
+        .await
+        .expect("the runner stays");
+    let status = runner.status.clone().unwrap_or_default();
+    assert!(
+        status.failures.is_empty(),
+        "a pod taken away by the cluster is not the runner's failure: {:?}",
+        status.failures
+    );
+    env.eventually(
+        "the consumed registration removed from the service",
+        || async {
+            let snapshot = env.fake.state().snapshot();
+            (!snapshot.runners.iter().any(|runner| runner.id == old_id)).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        env.jit_secrets().await.len(),
+        1,
+        "one JIT Secret, the new pod's"
+    );
+    assert_eq!(pod.name_any(), name);
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_runners_pod_deleted_through_the_api_gets_a_fresh_config() {
+    idle_pod_removed_through_the_api("lc-idle-delete", false).await;
+}
+
+#[tokio::test]
+async fn an_idle_runners_pod_evicted_through_the_eviction_api_gets_a_fresh_config() {
+    idle_pod_removed_through_the_api("lc-idle-evict", true).await;
+}
+
+/// A busy runner whose pod is deleted is finished, not restarted: its job is the service's to fail or retry, a
+/// new pod would only get a runner that never sees that job.
+#[tokio::test]
+async fn a_busy_runners_pod_deleted_through_the_api_finishes_the_runner() {
+    let env = Env::new("lc-busy-delete").await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+    let (name, uid, id, _) = one_idle_runner(&env).await;
+    let job = give_job(&env, &name, id).await;
+
+    env.pods_api()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the busy runner's pod");
+
+    env.eventually("the runner finished (being deleted)", || async {
+        match env.runners_api().get_opt(&name).await.ok()? {
+            None => Some(()),
+            Some(runner) => runner.metadata.deletion_timestamp.map(drop),
+        }
+    })
+    .await;
+    env.eventually("an Event saying why", || async {
+        event_reasons(&env, &name)
+            .await
+            .contains("RunnerPodDeleted")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        env.pods_api()
+            .get_opt(&name)
+            .await
+            .expect("get pod")
+            .is_none_or(|pod| pod.uid().as_deref() == Some(uid.as_str())),
+        "no new pod for a runner whose job was interrupted"
+    );
+    // The service fails the interrupted job (the runner is gone); then the registration can go.
+    env.fake
+        .state()
+        .finish_job(job, "failed")
+        .expect("the service fails the job");
+    env.eventually("the runner gone", || async {
+        env.runners_api()
+            .get_opt(&name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(!env.registered().contains(&name));
+    manager.stop().await;
+}
+
+/// The image of a runner's pod.
+fn image(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.containers.first())
+        .and_then(|container| container.image.clone())
+        .unwrap_or_default()
+}
+
+/// Writes a new runner image into the set the way the AutoscalingRunnerSet controller does: the template and the
+/// set's integrity hash of it in one patch.
+async fn change_image(env: &Env, set: &str, image: &str) {
+    edit_runner_container(env, set, |container| {
+        container.image = Some(image.to_owned());
+        container.ports = None;
+    })
+    .await;
+}
+
+/// Edits the set's runner container, writing the template and its hash in one patch (as the AutoscalingRunnerSet
+/// controller does).
+async fn edit_runner_container(env: &Env, set: &str, edit: impl FnOnce(&mut Container)) {
+    let mut spec = env
+        .sets()
+        .get(set)
+        .await
+        .expect("the set")
+        .spec
+        .ephemeral_runner_spec;
+    edit(&mut spec.spec.containers[0]);
+    let hash = controller::ephemeral_runner_set::runner_spec_hash(&spec).expect("hash");
+    env.sets()
+        .patch(
+            set,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": { "annotations": { "actions.github.com/integrity-hash": hash } },
+                "spec": { "ephemeralRunnerSpec": spec },
+            })),
+        )
+        .await
+        .expect("change the runner template");
+}
+
+/// A template edit replaces idle and pending runners; a busy runner finishes its job on the old template.
+#[tokio::test]
+async fn a_template_change_replaces_idle_runners_and_spares_busy_ones() {
+    let env = Env::new("lc-template").await;
+    env.create_set("arc", 3, 0).await;
+    let manager = env.start(env.options());
+    let pods = env
+        .eventually("three pods", || async {
+            let pods = env.pod_uids().await;
+            (pods.len() == 3).then_some(pods)
+        })
+        .await;
+    for (name, _) in &pods {
+        env.run_pod(name).await;
+    }
+    let (busy, busy_uid) = pods[0].clone();
+    let busy_id = env
+        .eventually("the busy runner registered", || async {
+            let runner = env.runners_api().get(&busy).await.ok()?;
+            (runner_id(&runner) != 0).then(|| runner_id(&runner))
+        })
+        .await;
+    give_job(&env, &busy, busy_id).await;
+
+    change_image(&env, "arc", "example.com/runner:v2").await;
+
+    env.eventually(
+        "the idle runners replaced by runners of the new template",
+        || async {
+            let pods = env.pods().await;
+            let live: Vec<&Pod> = pods
+                .iter()
+                .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+                .collect();
+            let new = live
+                .iter()
+                .filter(|pod| image(pod) == "example.com/runner:v2")
+                .count();
+            let old_idle = live
+                .iter()
+                .filter(|pod| image(pod) != "example.com/runner:v2" && pod.name_any() != busy)
+                .count();
+            (new == 2 && old_idle == 0).then_some(())
+        },
+    )
+    .await;
+    let busy_pod = env
+        .pods_api()
+        .get(&busy)
+        .await
+        .expect("the busy runner's pod is not interrupted");
+    assert_eq!(busy_pod.uid().as_deref(), Some(busy_uid.as_str()));
+    assert_eq!(image(&busy_pod), "ghcr.io/actions/actions-runner:latest");
+    manager.stop().await;
+}
+
+/// Runners whose pods the API server refused (a broken template) pick up the fixed template.
+#[tokio::test]
+async fn runners_refused_by_a_broken_template_recover_once_it_is_fixed() {
+    let env = Env::new("lc-broken").await;
+    env.create_set("arc", 2, 0).await;
+    // A port the API server rejects (422): every pod creation is refused.
+    edit_runner_container(&env, "arc", |container| {
+        container.ports = Some(vec![ContainerPort {
+            container_port: 0,
+            ..ContainerPort::default()
+        }]);
+    })
+    .await;
+    let manager = env.start(env.options());
+    env.eventually("both runners refused", || async {
+        let runners = env.runners().await;
+        (runners.len() == 2
+            && runners.iter().all(|runner| {
+                runner
+                    .status
+                    .as_ref()
+                    .is_some_and(|status| status.phase == "Failed")
+            }))
+        .then_some(())
+    })
+    .await;
+    assert!(env.pods().await.is_empty());
+
+    change_image(&env, "arc", "example.com/runner:fixed").await;
+
+    env.eventually("two pods of the fixed template", || async {
+        let pods = env.pod_uids().await;
+        let fixed = env
+            .pods()
+            .await
+            .iter()
+            .filter(|pod| {
+                pod.metadata.deletion_timestamp.is_none()
+                    && image(pod) == "example.com/runner:fixed"
+            })
+            .count();
+        (pods.len() == 2 && fixed == 2).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+/// A listener's patch ids start again from its own count after a restart: a patch whose id equals one an earlier
+/// listener used must still be acted upon.
+#[tokio::test]
+async fn a_restarted_listeners_patch_id_equal_to_an_old_one_still_scales() {
+    let env = Env::new("lc-patch-id").await;
+    env.create_set("arc", 0, 0).await;
+    let manager = env.start(env.options());
+
+    // The first listener's third patch asks for one runner.
+    env.scale("arc", 1, 3).await;
+    env.eventually("one runner", || async {
+        (env.runners().await.len() == 1).then_some(())
+    })
+    .await;
+    // A new listener starts: its first patch (id 0) is authoritative, and the idle runner goes.
+    env.scale("arc", 0, 0).await;
+    env.eventually("no runner", || async {
+        env.runners().await.is_empty().then_some(())
+    })
+    .await;
+    // Its third patch asks for two runners, with the id the old listener's acted-upon patch had.
+    env.scale("arc", 2, 3).await;
+    env.eventually("two runners", || async {
+        let runners = env.runners().await;
+        (runners
+            .iter()
+            .filter(|runner| runner.metadata.deletion_timestamp.is_none())
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
