@@ -134,7 +134,11 @@ pub fn node_tier(test: &str) -> Option<NodeParts> {
         Err(missing) => match gate(test, &missing, ci) {
             Gate::Run => None,
             Gate::Skip(message) => {
-                eprintln!("\n{}\n{message}\n{}\n", "*".repeat(78), "*".repeat(78));
+                // Straight to the process's stderr: libtest captures `eprintln!` of a passing test, which
+                // would make the skip silent.
+                use std::io::Write;
+                let frame = "*".repeat(78);
+                let _ = writeln!(std::io::stderr(), "\n{frame}\n{message}\n{frame}\n");
                 None
             }
             Gate::Fail(message) => panic!("{message}"),
