@@ -1219,8 +1219,9 @@ impl<'a> Step<'a> {
             })
             .cloned()
             .collect();
+        // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still finalize
+        // it once more, and then need not ask the service again.
         set_finalizers(&self.api, self.runner, wanted, KIND).await?;
-        self.ctx.runner_memory.forget(&self.uid);
         Ok(Action::await_change())
     }
 
