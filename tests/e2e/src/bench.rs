@@ -172,6 +172,11 @@ pub struct BenchReport {
     pub kubernetes_writes_per_job: f64,
     /// Kubernetes writes over the run, by `resource[/subresource] VERB` (all writers).
     pub kubernetes_writes: BTreeMap<String, u64>,
+    /// Pod creation requests (conflicts included) per EphemeralRunner created: 1 when no pass ever creates a
+    /// runner's pod twice.
+    pub pod_creations_per_runner: f64,
+    /// EphemeralRunners created per job.
+    pub runners_per_job: f64,
     /// GET and LIST requests per job (all clients but the simulated kubelet's and the control plane's; the
     /// benchmark's own few looks included).
     pub kubernetes_reads_per_job: f64,
@@ -322,6 +327,11 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
             .sum(),
     );
     report.kubernetes_reads = reads;
+    let created = |key: &str| writes.get(key).copied().unwrap_or_default();
+    // The listener's pod was created before the counters were read: every pod POST of the run is a runner's.
+    report.pod_creations_per_runner =
+        created("pods POST") as f64 / created("ephemeralrunners POST").max(1) as f64;
+    report.runners_per_job = per_job(created("ephemeralrunners POST"));
     report.kubernetes_writes = writes;
     let product_writes: u64 = report
         .kubernetes_writes

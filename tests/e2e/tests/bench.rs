@@ -48,6 +48,14 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
         "at most one deregistration per runner: {:?}",
         report.actions_calls
     );
+    // A runner's pod is created once: a pass creates a pod only from a JIT config it registered itself.
+    assert_eq!(
+        report.kubernetes_writes.get("pods POST"),
+        report.kubernetes_writes.get("ephemeralrunners POST"),
+        "one pod creation per runner: {:?}",
+        report.kubernetes_writes
+    );
+    assert!((report.pod_creations_per_runner - 1.0).abs() < f64::EPSILON);
     assert!(report.manager_peak_rss_mib > 0.0 && report.listener_peak_rss_mib > 0.0);
     // The Kubernetes budget of a runner's life (docs/benchmarks.md lists the writes one by one: about 12 per
     // job in a 500-job burst). A small run pays more per job: the set's own writes are shared by fewer jobs and

@@ -113,6 +113,10 @@ fn print_report(r: &BenchReport) {
         println!("    {key:<40} {n}");
     }
     println!(
+        "runners per job            {:.2}; pod creations per runner {:.2}",
+        r.runners_per_job, r.pod_creations_per_runner
+    );
+    println!(
         "Kubernetes reads per job   {:.2} (GET and LIST)",
         r.kubernetes_reads_per_job
     );
