@@ -424,6 +424,82 @@ async fn a_scale_set_deleted_on_github_is_recreated_and_the_listener_follows() {
     manager.stop().await;
 }
 
+/// Runners made for a scale set that GitHub no longer has cannot register (every JIT request gets 404); once the
+/// scale set is re-created they are replaced by runners of the new one instead of retrying forever.
+#[tokio::test]
+async fn runners_waiting_on_a_deleted_scale_set_are_replaced_once_it_is_recreated() {
+    let env = Env::new("ars-stale-id").await;
+    let manager = env.start(env.options());
+    env.create_runner_set("stale-id", env.runner_set_spec())
+        .await;
+    let old = wait_for_scale_set(&env, "stale-id").await;
+    env.eventually("the runner set", || async {
+        env.ephemeral_runner_sets()
+            .get_opt("stale-id")
+            .await
+            .unwrap()
+    })
+    .await;
+    // GitHub forgets the scale set, and before the controller notices, the listener asks for two runners.
+    env.fake
+        .state()
+        .delete_scale_set(old, true)
+        .expect("delete in the fake");
+    env.ephemeral_runner_sets()
+        .patch(
+            "stale-id",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 2, "patchID": 0 } })),
+        )
+        .await
+        .expect("scale up");
+    let runners: Api<crds::EphemeralRunner> = Api::namespaced(
+        env.client(),
+        &env.runner_set("stale-id")
+            .await
+            .unwrap()
+            .namespace()
+            .unwrap(),
+    );
+    let new = env
+        .eventually(
+            "two registered runners of the re-created scale set",
+            || async {
+                let id = scale_set_id(&env.runner_set("stale-id").await?)?;
+                let live: Vec<_> = runners
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|runner| runner.metadata.deletion_timestamp.is_none())
+                    .collect();
+                (id != old
+                    && live.len() == 2
+                    && live.iter().all(|runner| {
+                        runner.spec.runner_scale_set_id == id
+                            && runner
+                                .status
+                                .as_ref()
+                                .is_some_and(|status| status.runner_id != 0)
+                    }))
+                .then_some(id)
+            },
+        )
+        .await;
+    let snapshot = env.fake.state().snapshot();
+    assert_eq!(
+        snapshot
+            .runners
+            .iter()
+            .filter(|runner| runner.scale_set_id == new)
+            .count(),
+        2,
+        "both runners registered with the new scale set"
+    );
+    manager.stop().await;
+}
+
 #[tokio::test]
 async fn rotated_credentials_reach_the_listener() {
     let env = Env::new("ars-rotate").await;
