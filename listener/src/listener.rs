@@ -2,9 +2,10 @@
 //!
 //! # Expected flow
 //! Create a session, scale to its statistics, then poll forever. Each message is handled completely, in this
-//! order: keep its statistics, acknowledge it, acquire every `JobAvailable`, handle every `JobStarted` (metrics,
-//! EphemeralRunner status), every `JobCompleted` (metrics), then scale to the message's `totalAssignedJobs`. An
-//! empty poll re-sends the scaling patch for the last statistics.
+//! order: keep its statistics, acknowledge it, acquire every `JobAvailable`, note every `JobStarted` and
+//! `JobCompleted` (metrics), scale to the message's `totalAssignedJobs`, then write the started runners' job
+//! fields (docs/listener.md, "The message loop", says why scaling comes first). An empty poll re-sends the
+//! scaling patch for the last statistics.
 //!
 //! # Guarantees (beyond ARC: docs/reference/beyond-arc.md, items 1 to 3 and 5)
 //! * No service or Kubernetes error ends the loop. Transient ones are retried in place for a short budget, then

@@ -172,8 +172,9 @@ pub fn plan(replicas: i64, patch_id: i64, applied: bool, census: &Census) -> Sca
 
 /// Runners made from another template than the set's current one (`hash`, compared with each runner's
 /// `actions.github.com/integrity-hash`) that may go now: failed ones, and pending or running ones without a job.
-/// A busy runner finishes its job on the template it started with. Runners without the annotation (made by
-/// another controller) are taken as current.
+/// A busy runner finishes its job on the template it started with. Runners without the annotation (made by hand
+/// or another tool) are taken as current; those ARC made carry ARC's hash of the set, so a takeover replaces its
+/// idle runners once.
 pub fn stale_runners<'a>(census: &'a Census, hash: &str) -> Vec<&'a Arc<EphemeralRunner>> {
     census
         .failed
