@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries the tests run against, from their Go modules, at pinned versions:
-# kube-apiserver and kube-controller-manager (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3)
-# and helm (helm.sh/helm/v3). They land in a cache outside the repository and are reused when present.
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubelet (k8s.io/kubernetes), etcd
+# (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3). They land in a cache outside the repository and are
+# reused when present. kubelet and kube-scheduler serve the real-node tier (docs/development.md); the node's
+# runtime (containerd, runc, CNI plugins) comes from the distribution: tests/env/provision-node.sh.
 #
 # Usage: tests/env/provision.sh [--print-dir]
 #   Prints the assets directory (envtest's KUBEBUILDER_ASSETS convention) on its last line.
@@ -13,13 +15,17 @@ HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 
 cache_root="${ARC_RS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/arc-rs}"
 assets="$cache_root/k8s-$K8S_VERSION"
-bins=(kube-apiserver kube-controller-manager etcd helm)
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd helm)
+# helm is rebuilt when this stamp is missing: a helm built without the release's Kubernetes version flags
+# renders every chart as if for Kubernetes v1.20.
+helm_stamp="helm-$HELM_VERSION.release-flags"
 
 log() { printf '[provision] %s\n' "$*" >&2; }
 
 have_all() {
   local b
   for b in "${bins[@]}"; do [ -x "$assets/$b" ] || return 1; done
+  [ -f "$assets/$helm_stamp" ]
 }
 
 if have_all; then
@@ -40,8 +46,10 @@ export GOFLAGS="-mod=mod -buildvcs=false"
 export CGO_ENABLED=0
 
 build_k8s() {
-  [ -x "$assets/kube-apiserver" ] && [ -x "$assets/kube-controller-manager" ] && return 0
-  log "building kube-apiserver and kube-controller-manager $K8S_VERSION (cold: ~10-25 min on 2 cores)"
+  local b missing=0
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do [ -x "$assets/$b" ] || missing=1; done
+  [ "$missing" = 0 ] && return 0
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler and kubelet $K8S_VERSION (cold: ~12-25 min on 2 cores)"
   local dir="$work/k8s" minor staging_version
   mkdir -p "$dir"
   # k8s.io/kubernetes replaces its staging modules with ./staging paths; a consumer must pin each of
@@ -77,10 +85,14 @@ GO
   ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
   (cd "$dir" && go get "k8s.io/kubernetes@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-      "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" >&2 \
+      "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" >&2 \
     && go build -trimpath -ldflags "$ldflags" -o "$dir/out/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager >&2)
-  mv "$dir/out/kube-apiserver" "$dir/out/kube-controller-manager" "$assets/"
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet >&2)
+  mv "$dir/out/kube-apiserver" "$dir/out/kube-controller-manager" "$dir/out/kube-scheduler" \
+    "$dir/out/kubelet" "$assets/"
 }
 
 build_etcd() {
@@ -108,12 +120,25 @@ GO
 }
 
 build_helm() {
-  [ -x "$assets/helm" ] && return 0
+  [ -x "$assets/helm" ] && [ -f "$assets/$helm_stamp" ] && return 0
   log "building helm $HELM_VERSION"
-  GOBIN="$work/helm-bin" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+  # The released helm links the Kubernetes version of its client-go (major 1, minor = client-go's minor) as
+  # the default .Capabilities.KubeVersion; without it `helm template` assumes v1.20 and charts branching on
+  # the version render their pre-1.29 layout. Read client-go's version from helm's own go.mod.
+  local gomod client_go k8s_minor ldflags
+  gomod="$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
+  client_go="$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$gomod")"
+  [ -n "$client_go" ] || { log "cannot read k8s.io/client-go's version from helm's go.mod ($gomod)"; exit 1; }
+  k8s_minor="$(echo "$client_go" | cut -d. -f2)"
+  ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  ldflags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1"
+  ldflags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor"
+  ldflags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1"
+  ldflags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
+  GOBIN="$work/helm-bin" go install -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
   mv "$work/helm-bin/helm" "$assets/helm"
+  touch "$assets/$helm_stamp"
 }
 
 build_etcd
