@@ -24,9 +24,9 @@ use crds::constants::{SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunnerSet};
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 
 pub use reconcile::listener_state;
@@ -131,37 +131,43 @@ fn error_policy(
     )
 }
 
-/// A fingerprint of everything but the status: what the controller reacts to.
-fn spec_fingerprint(runner_set: &AutoscalingRunnerSet) -> u64 {
-    let meta = runner_set.meta();
+/// What the controller reacts to: the spec (its generation), labels, annotations, finalizers and the deletion
+/// mark; everything but the status.
+fn reacts_to(set: &AutoscalingRunnerSet) -> Option<u64> {
+    predicates::generation
+        .combine(predicates::labels)
+        .combine(predicates::annotations)
+        .combine(predicates::finalizers)
+        .combine(deletion_mark)
+        .hash_property(set)
+}
+
+/// The deletion timestamp. Marking a custom resource for deletion gives it a new generation as well; hashing
+/// the mark itself means the filter does not depend on that.
+fn deletion_mark(set: &AutoscalingRunnerSet) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
-    meta.generation.hash(&mut hasher);
-    meta.labels.hash(&mut hasher);
-    meta.annotations.hash(&mut hasher);
-    meta.finalizers.hash(&mut hasher);
-    meta.deletion_timestamp
+    set.meta()
+        .deletion_timestamp
         .as_ref()
         .map(|t| t.0.as_second())
         .hash(&mut hasher);
-    hasher.finish()
+    Some(hasher.finish())
 }
 
 /// Drops events that only changed an object's status (ARC filters on `resourceVersion`; status writes of this
 /// controller must not trigger the next pass, or a failing pass would loop).
+///
+/// kube-runtime's `predicate_filter` remembers each object by namespace, name and uid and forgets what it has
+/// not seen for an hour. It takes a stream of owned objects, while the manager's shared watch hands out `Arc`s:
+/// this controller is that watch's only subscriber, so taking each object out of its `Arc` and back normally
+/// copies nothing.
 fn without_status_changes(
     sets: impl Stream<Item = Arc<AutoscalingRunnerSet>> + Send + 'static,
 ) -> impl Stream<Item = Arc<AutoscalingRunnerSet>> + Send + 'static {
-    let seen: Mutex<HashMap<(String, String), u64>> = Mutex::new(HashMap::new());
-    sets.filter(move |set| {
-        let key = (set.namespace().unwrap_or_default(), set.name_any());
-        let print = spec_fingerprint(set);
-        let changed = seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, print)
-            != Some(print);
-        future::ready(changed)
-    })
+    sets.map(|set| Ok::<_, watcher::Error>(Arc::unwrap_or_clone(set)))
+        .predicate_filter(reacts_to, PredicateConfig::default())
+        // No errors: the stream above only holds `Ok`s.
+        .filter_map(|set| future::ready(set.ok().map(Arc::new)))
 }
 
 /// The AutoscalingRunnerSet an object derived from it belongs to, by its scale-set labels.
@@ -209,24 +215,85 @@ mod tests {
     use super::*;
     use crds::AutoscalingRunnerSetSpec;
 
+    type Step = (&'static str, fn(&mut AutoscalingRunnerSet), bool);
+
+    /// Each step of a set's life, and whether the controller must hear of it. Every step is a write, so it
+    /// carries a new resourceVersion (which also tells the steps apart in the output).
     #[tokio::test]
     async fn status_only_changes_are_filtered() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let steps: [Step; 12] = [
+            ("created", |_| {}, true),
+            ("status", |s| s.status = Some(Default::default()), false),
+            (
+                "status again",
+                |s| s.status.as_mut().unwrap().current_runners = 3,
+                false,
+            ),
+            (
+                "label",
+                |s| drop(s.labels_mut().insert("a".into(), "b".into())),
+                true,
+            ),
+            (
+                "annotation",
+                |s| drop(s.annotations_mut().insert("a".into(), "b".into())),
+                true,
+            ),
+            ("finalizer", |s| s.finalizers_mut().push("f".into()), true),
+            ("spec", |s| s.metadata.generation = Some(2), true),
+            (
+                "status after spec",
+                |s| s.status.as_mut().unwrap().phase = "Running".into(),
+                false,
+            ),
+            (
+                "deletion mark",
+                |s| {
+                    let at = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap();
+                    s.metadata.deletion_timestamp = Some(Time(at));
+                },
+                true,
+            ),
+            ("finalizer removed", |s| s.finalizers_mut().clear(), true),
+            (
+                "re-created: same name, generation, labels and annotations",
+                |s| {
+                    s.metadata.uid = Some("uid-2".into());
+                    s.metadata.deletion_timestamp = None;
+                    s.status = None;
+                },
+                true,
+            ),
+            (
+                "re-created again after a deletion the watch saw no mark of",
+                |s| s.metadata.uid = Some("uid-3".into()),
+                true,
+            ),
+        ];
         let mut set = AutoscalingRunnerSet::new("s", AutoscalingRunnerSetSpec::default());
         set.metadata.namespace = Some("ns".into());
+        set.metadata.uid = Some("uid-1".into());
         set.metadata.generation = Some(1);
-        let mut status_changed = set.clone();
-        status_changed.status = Some(crds::AutoscalingRunnerSetStatus {
-            phase: "Running".into(),
-            ..Default::default()
-        });
-        let mut relabelled = status_changed.clone();
-        relabelled.labels_mut().insert("a".into(), "b".into());
-        let mut spec_changed = relabelled.clone();
-        spec_changed.metadata.generation = Some(2);
-        let events =
-            futures::stream::iter([set, status_changed, relabelled, spec_changed].map(Arc::new));
-        let passed: Vec<_> = without_status_changes(events).collect().await;
-        assert_eq!(passed.len(), 3);
+        let mut events = Vec::new();
+        for (version, (_, change, _)) in steps.iter().enumerate() {
+            change(&mut set);
+            set.metadata.resource_version = Some(version.to_string());
+            events.push(Arc::new(set.clone()));
+        }
+        let passed: Vec<_> = without_status_changes(futures::stream::iter(events))
+            .map(|set| {
+                let version: usize = set.resource_version().unwrap().parse().unwrap();
+                steps[version].0
+            })
+            .collect()
+            .await;
+        let expected: Vec<_> = steps
+            .iter()
+            .filter(|(_, _, passes)| *passes)
+            .map(|(name, _, _)| *name)
+            .collect();
+        assert_eq!(passed, expected);
     }
 
     #[test]
