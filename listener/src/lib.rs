@@ -5,7 +5,7 @@
 //! `patchID`. See `docs/listener.md` for the configuration, metrics, health endpoint and failure behaviour.
 //!
 //! * [`config`]: the JSON config file and its validation.
-//! * [`scaling`] and [`backoff`]: the pure decisions (desired replicas, patch IDs, retry waits).
+//! * [`scaling`] and [`backoff`]: the pure decisions (desired replicas, patch IDs) and the retry schedules.
 //! * [`listener`]: the message loop; [`target`]: the Kubernetes writes.
 //! * [`metrics`], [`health`], [`server`]: observability.
 //! * [`app`]: wiring from a config to a running listener.

@@ -24,14 +24,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actions_client::retry::{JitteredBackoff, JitteredBackoffBuilder};
 use actions_client::{
     ActionsClient, ClientOptions, Credentials, GitHubConfig, HttpOptions, MessageSessionClient,
-    RunnerScaleSetMessage, Statistics,
+    RetryPolicy, RunnerScaleSetMessage, Statistics,
 };
+use backon::Retryable as _;
 use futures::{StreamExt, stream};
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::{self, Backoff};
+use crate::backoff;
 use crate::error::{Error, Result, Severity};
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -45,10 +47,10 @@ const RUNNER_PATCH_CONCURRENCY: usize = 16;
 /// Timings of the loop. The defaults are for production; tests shorten them.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Backoff after transient errors.
-    pub transient_backoff: Backoff,
-    /// Backoff after errors that need a person.
-    pub fatal_backoff: Backoff,
+    /// Backoff after transient errors ([`backoff::TRANSIENT`]; `max_retries` is not used).
+    pub transient_backoff: RetryPolicy,
+    /// Backoff after errors that need a person ([`backoff::FATAL`]; `max_retries` is not used).
+    pub fatal_backoff: RetryPolicy,
     /// How long one step of message handling (ack, acquire, a patch) is retried in place before the loop backs
     /// off as a whole.
     pub step_retry_budget: Duration,
@@ -67,8 +69,8 @@ impl Default for Settings {
     fn default() -> Self {
         let http = HttpOptions::default();
         Self {
-            transient_backoff: Backoff::TRANSIENT,
-            fatal_backoff: Backoff::FATAL,
+            transient_backoff: backoff::TRANSIENT,
+            fatal_backoff: backoff::FATAL,
             step_retry_budget: Duration::from_secs(20),
             health_limit: http.timeouts.long_poll_request + Duration::from_secs(30),
             http,
@@ -127,6 +129,10 @@ pub struct MessageLoop<T> {
     pending_runner_patches: Vec<PendingRunnerPatch>,
     transient_failures: u32,
     fatal_failures: u32,
+    /// The next waits after transient errors, and after repeated errors that need a person; restarted when an
+    /// iteration succeeds.
+    transient_waits: JitteredBackoff,
+    fatal_waits: JitteredBackoff,
 }
 
 impl<T: RunnerSetTarget> MessageLoop<T> {
@@ -139,6 +145,8 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         health: Health,
     ) -> Result<Self> {
         let client = build_client(&scale_set)?;
+        let transient_waits = JitteredBackoff::new(settings.transient_backoff);
+        let fatal_waits = JitteredBackoff::new(settings.fatal_backoff);
         Ok(Self {
             scale_set,
             settings,
@@ -155,6 +163,8 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             pending_runner_patches: Vec::new(),
             transient_failures: 0,
             fatal_failures: 0,
+            transient_waits,
+            fatal_waits,
         })
     }
 
@@ -186,6 +196,8 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         }
         self.transient_failures = 0;
         self.fatal_failures = 0;
+        self.transient_waits = JitteredBackoff::new(self.settings.transient_backoff);
+        self.fatal_waits = JitteredBackoff::new(self.settings.fatal_backoff);
         if let Some(m) = &self.metrics {
             m.set_fatal(false);
         }
@@ -487,20 +499,21 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         if error.needs_new_session() {
             self.drop_session().await;
         }
-        let (policy, attempt) = if severity == Severity::Fatal && self.fatal_failures > 0 {
+        let (waits, policy) = if severity == Severity::Fatal && self.fatal_failures > 0 {
             self.fatal_failures += 1;
-            (self.settings.fatal_backoff, self.fatal_failures - 2)
+            (&mut self.fatal_waits, self.settings.fatal_backoff)
         } else {
             if severity == Severity::Fatal {
                 self.fatal_failures += 1;
             }
             self.transient_failures += 1;
-            (self.settings.transient_backoff, self.transient_failures - 1)
+            (&mut self.transient_waits, self.settings.transient_backoff)
         };
         if let Some(m) = &self.metrics {
             m.set_fatal(severity == Severity::Fatal);
         }
-        let wait = policy.delay(attempt, backoff::jitter());
+        // The listener's schedules do not run out; a custom one that does keeps its longest wait.
+        let wait = waits.next().unwrap_or(policy.max_wait);
         if severity == Severity::Fatal {
             tracing::error!(error = %error_chain(&error), operation = error.operation(), wait_secs = wait.as_secs_f64(), "error that needs attention; backing off");
         } else {
@@ -558,29 +571,22 @@ async fn close_quietly(session: &MessageSessionClient, timeout: Duration) {
 
 /// Retries `op` while it fails transiently and the budget lasts. Errors that need a new session or a person
 /// are returned at once.
-async fn retry_transient<F, Fut, V, E>(settings: &Settings, what: &str, mut op: F) -> Result<V, E>
+async fn retry_transient<F, Fut, V, E>(settings: &Settings, what: &str, op: F) -> Result<V, E>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<V, E>>,
     E: Classify + std::fmt::Display,
 {
     let started = tokio::time::Instant::now();
-    let mut attempt = 0;
-    loop {
-        match op().await {
-            Ok(value) => return Ok(value),
-            Err(error) if error.retry_in_place() => {
-                let wait = settings.transient_backoff.delay(attempt, backoff::jitter());
-                if started.elapsed() + wait > settings.step_retry_budget {
-                    return Err(error);
-                }
-                tracing::warn!(error = %error, what, wait_secs = wait.as_secs_f64(), "transient failure; retrying");
-                tokio::time::sleep(wait).await;
-                attempt += 1;
-            }
-            Err(error) => return Err(error),
-        }
-    }
+    let budget = settings.step_retry_budget;
+    op.retry(JitteredBackoffBuilder(settings.transient_backoff))
+        .when(Classify::retry_in_place)
+        // No wait that would end past the budget: the loop's own backoff takes over from there.
+        .adjust(|_, wait| wait.filter(|wait| started.elapsed() + *wait <= budget))
+        .notify(|error, wait| {
+            tracing::warn!(error = %error, what, wait_secs = wait.as_secs_f64(), "transient failure; retrying");
+        })
+        .await
 }
 
 /// Whether an error is worth retrying in place.

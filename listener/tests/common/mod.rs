@@ -12,7 +12,6 @@ use actions_client::{
     RunnerScaleSet, SecretString, Timeouts,
 };
 use fake_actions_service::{FakeActionsService, RunnerSelector};
-use listener::backoff::Backoff;
 use listener::target::{RunnerPatched, RunnerSetTarget};
 use listener::{Error, ScaleSet, Settings};
 use serde_json::Value;
@@ -52,13 +51,15 @@ pub fn fast_http() -> HttpOptions {
 /// Loop settings with millisecond backoffs.
 pub fn fast_settings() -> Settings {
     Settings {
-        transient_backoff: Backoff {
-            initial: Duration::from_millis(50),
-            max: Duration::from_millis(400),
+        transient_backoff: RetryPolicy {
+            min_wait: Duration::from_millis(50),
+            max_wait: Duration::from_millis(400),
+            ..listener::backoff::TRANSIENT
         },
-        fatal_backoff: Backoff {
-            initial: Duration::from_millis(200),
-            max: Duration::from_secs(1),
+        fatal_backoff: RetryPolicy {
+            min_wait: Duration::from_millis(200),
+            max_wait: Duration::from_secs(1),
+            ..listener::backoff::FATAL
         },
         step_retry_budget: Duration::from_secs(2),
         health_limit: Duration::from_secs(20),
