@@ -19,6 +19,12 @@ pub fn integrity_hash<T: Serialize>(value: &T) -> Result<String> {
     Ok(crds::names::fnv32a_safe(&canonical_json(&json)))
 }
 
+/// The integrity hash of a runner template (`spec.ephemeralRunnerSpec` of a set, stamped on each runner made from
+/// it): the AutoscalingRunnerSet, EphemeralRunnerSet and EphemeralRunner controllers all compare this one value.
+pub fn runner_spec_hash(spec: &crds::EphemeralRunnerSpec) -> Result<String> {
+    integrity_hash(spec)
+}
+
 /// `value` as compact JSON with object keys sorted at every level, whatever map type serde_json was built with.
 pub fn canonical_json(value: &Value) -> String {
     let mut out = String::new();

@@ -95,6 +95,9 @@ pub struct Facts {
     pub secret: SecretFact,
     /// The runner, from the API server.
     pub fresh_runner: RunnerFact,
+    /// The runner was made from an older template than its set's current one (by the set's cached copy): the
+    /// set replaces it, so it registers nothing and starts no pod from the old template.
+    pub outdated_template: bool,
 }
 
 /// The next step of a pass.
@@ -189,6 +192,7 @@ fn without_pod(facts: &Facts, busy: bool) -> Next {
         SecretFact::Valid | SecretFact::Corrupt if busy => Next::FinishInterrupted,
         SecretFact::Valid | SecretFact::Corrupt => Next::DiscardConfig,
         SecretFact::Absent if busy => Next::FinishInterrupted,
+        SecretFact::Absent if facts.outdated_template => Next::Stop,
         SecretFact::Absent => match facts.fresh_runner {
             RunnerFact::Unread => Next::ReadRunner,
             RunnerFact::Going => Next::Stop,
@@ -220,6 +224,7 @@ mod tests {
             pod: PodFact::NotCached,
             secret: SecretFact::Unread,
             fresh_runner: RunnerFact::Unread,
+            outdated_template: false,
         }
     }
 
@@ -300,6 +305,14 @@ mod tests {
             past_deadline: false,
         };
         assert_eq!(decide(&facts), Next::Follow, "exit 0 is a finished runner");
+    }
+
+    #[test]
+    fn a_runner_of_an_older_template_starts_nothing() {
+        let mut facts = fresh();
+        facts.secret = SecretFact::Absent;
+        facts.outdated_template = true;
+        assert_eq!(decide(&facts), Next::Stop);
     }
 
     #[test]
@@ -386,11 +399,13 @@ mod tests {
             backoff in proptest::option::of(0u64..10),
             rejected in any::<bool>(),
             pod in arb_pod(),
+            outdated_template in any::<bool>(),
         ) -> Facts {
             Facts {
                 deleting, done, finalizers_missing, failures, max_failures: 5, has_job,
                 service_busy: false, registered, backoff: backoff.map(Duration::from_secs), rejected,
                 dry_run_passed: false, pod, secret: SecretFact::Unread, fresh_runner: RunnerFact::Unread,
+                outdated_template,
             }
         }
     }
@@ -452,8 +467,9 @@ mod tests {
                 prop_assert!(!steps.contains(&Next::ReadPod) || !alive(&world.pod), "{steps:?}");
                 // Nothing is registered for a runner the API server says is going.
                 prop_assert!(steps.contains(&Next::ReadRunner) && world.runner == RunnerFact::Live);
-                // A busy runner never gets a new pod.
+                // A busy runner never gets a new pod, nor one of an older template.
                 prop_assert!(!facts.has_job, "{steps:?}");
+                prop_assert!(!facts.outdated_template, "{steps:?}");
             }
             // A busy runner is never released or discarded as if idle.
             if facts.has_job {

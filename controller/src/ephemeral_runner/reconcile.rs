@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use crds::EphemeralRunner;
 use crds::constants::{
-    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, RUNNER_CONTAINER_NAME,
-    RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, phase, reason,
+    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION,
+    RUNNER_CONTAINER_NAME, RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
+    phase, reason,
 };
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -50,6 +51,7 @@ use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
 };
 use crate::context::Context;
+use crate::hash::runner_spec_hash;
 use crate::error::{Error, Result, is_status};
 use crate::kubeutil::{
     controller_ref, delete_if_present, delete_terminated_pod, name_and_namespace, set_finalizers,
@@ -302,7 +304,32 @@ impl<'a> Step<'a> {
             },
             secret: SecretFact::Unread,
             fresh_runner: RunnerFact::Unread,
+            // Only a runner about to register needs it (hashing the template is not free).
+            outdated_template: pod.is_none() && self.template_outdated(),
         }
+    }
+
+    /// Whether the runner's set, as cached, has a newer template than the one the runner was made from (each
+    /// runner records it in `actions.github.com/integrity-hash`; one without the record is taken as current).
+    fn template_outdated(&self) -> bool {
+        let Some(made_from) = self.runner.annotations().get(INTEGRITY_HASH_ANNOTATION) else {
+            return false;
+        };
+        let Some(owner) = self
+            .runner
+            .owner_references()
+            .iter()
+            .find(|owner| owner.controller == Some(true) && owner.kind == "EphemeralRunnerSet")
+        else {
+            return false;
+        };
+        self.ctx
+            .stores
+            .runner_sets
+            .get(&ObjectRef::new(&owner.name).within(&self.namespace))
+            .filter(|set| set.uid().as_deref() == Some(owner.uid.as_str()))
+            .and_then(|set| runner_spec_hash(&set.spec.ephemeral_runner_spec).ok())
+            .is_some_and(|current| current != *made_from)
     }
 
     fn status(&self) -> crds::EphemeralRunnerStatus {

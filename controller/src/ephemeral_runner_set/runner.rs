@@ -8,23 +8,17 @@ use crds::constants::{
     SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
 use crds::names::{ephemeral_runner_generate_name, ephemeral_runner_set_proxy_secret_name};
-use crds::{EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSpec};
+use crds::{EphemeralRunner, EphemeralRunnerSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 
-use crate::error::Result;
-use crate::hash::integrity_hash;
 use crate::labels::{merge_annotations, merge_labels};
 
 /// Annotation kubectl keeps the whole last-applied object in; copying it onto every runner and pod would only
 /// bloat them.
 const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// The integrity hash of a set's runner template (`spec.ephemeralRunnerSpec`); the AutoscalingRunnerSet
-/// controller stamps the same value when it writes the set.
-pub fn runner_spec_hash(spec: &EphemeralRunnerSpec) -> Result<String> {
-    integrity_hash(spec)
-}
+pub use crate::hash::runner_spec_hash;
 
 /// A new runner of `set` (to be created with `generateName`), stamped with `template_hash`, the
 /// [`runner_spec_hash`] of the template it copies: the set tells a runner made from an older template by it.
@@ -98,6 +92,7 @@ pub fn scale_set_identity(set: &EphemeralRunnerSet) -> (String, String) {
 mod tests {
     use super::*;
     use crds::EphemeralRunnerSetSpec;
+    use crds::EphemeralRunnerSpec;
     use crds::common::{ProxyConfig, ResourceMeta};
     use pretty_assertions::assert_eq;
 
