@@ -48,9 +48,88 @@ pub fn is_controlled_by<K: Resource>(obj: &K, kind: &str, name: &str) -> bool {
     })
 }
 
+/// Whether `obj` carries `finalizer`.
+pub fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
+    obj.finalizers().iter().any(|have| have == finalizer)
+}
+
+/// Adds those of `finalizers` that `obj` lacks, in one patch; returns whether it sent one.
+pub async fn add_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizers: &[&str],
+    kind: &'static str,
+) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    edit_finalizers(
+        api,
+        obj,
+        with_finalizers(obj.finalizers(), finalizers),
+        kind,
+    )
+    .await
+}
+
+/// Removes `finalizers` from `obj`, in one patch, keeping everyone else's; returns whether it sent one.
+pub async fn remove_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizers: &[&str],
+    kind: &'static str,
+) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    edit_finalizers(
+        api,
+        obj,
+        without_finalizers(obj.finalizers(), finalizers),
+        kind,
+    )
+    .await
+}
+
+/// `current` plus those of `add` it lacks, in order; `None` when nothing is missing.
+fn with_finalizers(current: &[String], add: &[&str]) -> Option<Vec<String>> {
+    let mut wanted = current.to_vec();
+    for finalizer in add {
+        if !wanted.iter().any(|have| have == finalizer) {
+            wanted.push((*finalizer).to_owned());
+        }
+    }
+    (wanted.len() != current.len()).then_some(wanted)
+}
+
+/// `current` without `remove`; `None` when none of them is there.
+fn without_finalizers(current: &[String], remove: &[&str]) -> Option<Vec<String>> {
+    let wanted: Vec<String> = current
+        .iter()
+        .filter(|have| !remove.contains(&have.as_str()))
+        .cloned()
+        .collect();
+    (wanted.len() != current.len()).then_some(wanted)
+}
+
+async fn edit_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    wanted: Option<Vec<String>>,
+    kind: &'static str,
+) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match wanted {
+        Some(wanted) => set_finalizers(api, obj, wanted, kind).await.map(|()| true),
+        None => Ok(false),
+    }
+}
+
 /// Replaces `obj`'s finalizers with `wanted`, failing (so the caller retries with fresh data) if the list
 /// changed since `obj` was read; a JSON patch `test` makes the check without locking the whole object.
-pub async fn set_finalizers<K>(
+async fn set_finalizers<K>(
     api: &Api<K>,
     obj: &K,
     wanted: Vec<String>,
@@ -161,5 +240,36 @@ where
             delete_if_present(api, name, namespace, "Pod").await
         }
         Err(source) => Err(delete_error("Pod", namespace, name, source)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(names: &[&str]) -> Vec<String> {
+        names.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    #[test]
+    fn adding_keeps_the_others_and_adds_only_what_is_missing() {
+        assert_eq!(with_finalizers(&[], &["a", "b"]), Some(list(&["a", "b"])));
+        assert_eq!(
+            with_finalizers(&list(&["x", "b"]), &["a", "b"]),
+            Some(list(&["x", "b", "a"]))
+        );
+        assert_eq!(with_finalizers(&list(&["b", "a"]), &["a", "b"]), None);
+        assert_eq!(with_finalizers(&list(&["x"]), &[]), None);
+    }
+
+    #[test]
+    fn removing_keeps_the_others_and_is_a_no_op_when_absent() {
+        assert_eq!(
+            without_finalizers(&list(&["x", "a", "y", "b"]), &["a", "b"]),
+            Some(list(&["x", "y"]))
+        );
+        assert_eq!(without_finalizers(&list(&["a"]), &["a"]), Some(list(&[])));
+        assert_eq!(without_finalizers(&list(&["x"]), &["a"]), None);
+        assert_eq!(without_finalizers(&[], &["a"]), None);
     }
 }

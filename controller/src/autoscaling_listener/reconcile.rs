@@ -45,7 +45,10 @@ use super::resources::{
 use crate::actions::read_secret;
 use crate::error::{Error, Result, is_status};
 use crate::hash::integrity_hash;
-use crate::kubeutil::{controller_ref, delete_if_present, name_and_namespace, set_finalizers};
+use crate::kubeutil::{
+    add_finalizers, controller_ref, delete_if_present, has_finalizer, name_and_namespace,
+    remove_finalizers,
+};
 use crate::metrics::ScaleSetLabels;
 use crate::options::AL_FIELD_MANAGER;
 
@@ -65,14 +68,14 @@ pub async fn reconcile(
     if listener.meta().deletion_timestamp.is_some() {
         return step.finalize().await;
     }
-    if !listener
-        .finalizers()
-        .iter()
-        .any(|f| f == AUTOSCALING_LISTENER_FINALIZER)
+    if add_finalizers(
+        &step.listeners,
+        &listener,
+        &[AUTOSCALING_LISTENER_FINALIZER],
+        KIND,
+    )
+    .await?
     {
-        let mut wanted = listener.finalizers().to_vec();
-        wanted.push(AUTOSCALING_LISTENER_FINALIZER.to_owned());
-        set_finalizers(&step.listeners, &listener, wanted, KIND).await?;
         return Ok(Action::requeue(SHORT_WAIT));
     }
     let Some(runner_set) = step.runner_set().await? else {
@@ -506,12 +509,7 @@ impl<'a> Step<'a> {
 
     /// Deletion: everything this controller created goes, then the finalizer.
     async fn finalize(&self) -> Result<Action> {
-        if !self
-            .listener
-            .finalizers()
-            .iter()
-            .any(|f| f == AUTOSCALING_LISTENER_FINALIZER)
-        {
+        if !has_finalizer(self.listener, AUTOSCALING_LISTENER_FINALIZER) {
             return Ok(Action::await_change());
         }
         let mut remaining = false;
@@ -557,14 +555,13 @@ impl<'a> Step<'a> {
             return Ok(Action::requeue(SHORT_WAIT));
         }
         self.ctx.health.reset(&self.key);
-        let wanted = self
-            .listener
-            .finalizers()
-            .iter()
-            .filter(|f| *f != AUTOSCALING_LISTENER_FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(&self.listeners, self.listener, wanted, KIND).await?;
+        remove_finalizers(
+            &self.listeners,
+            self.listener,
+            &[AUTOSCALING_LISTENER_FINALIZER],
+            KIND,
+        )
+        .await?;
         Ok(Action::await_change())
     }
 }

@@ -54,7 +54,10 @@ use super::desired::{
 use crate::actions::{Actions, ClientSource, credentials_gone};
 use crate::autoscaling_listener::ListenerHealth;
 use crate::error::{Error, Result, is_status};
-use crate::kubeutil::{controller_ref, delete_if_present, name_and_namespace, set_finalizers};
+use crate::kubeutil::{
+    add_finalizers, controller_ref, delete_if_present, has_finalizer, name_and_namespace,
+    remove_finalizers,
+};
 use crate::options::ARS_FIELD_MANAGER;
 
 const KIND: &str = "AutoscalingRunnerSet";
@@ -78,10 +81,14 @@ pub async fn reconcile(
     if !is_version_accepted(version, &ctx.base.options.build_version) {
         return step.reject_version(version).await;
     }
-    if !step.has_finalizer() {
-        let mut wanted = runner_set.finalizers().to_vec();
-        wanted.push(AUTOSCALING_RUNNER_SET_FINALIZER.to_owned());
-        set_finalizers(&step.api, &runner_set, wanted, KIND).await?;
+    if add_finalizers(
+        &step.api,
+        &runner_set,
+        &[AUTOSCALING_RUNNER_SET_FINALIZER],
+        KIND,
+    )
+    .await?
+    {
         return Ok(Action::requeue(SHORT_WAIT));
     }
     let hash = runner_set_hash(&runner_set)?;
@@ -195,10 +202,7 @@ impl<'a> Step<'a> {
     }
 
     fn has_finalizer(&self) -> bool {
-        self.runner_set
-            .finalizers()
-            .iter()
-            .any(|f| f == AUTOSCALING_RUNNER_SET_FINALIZER)
+        has_finalizer(self.runner_set, AUTOSCALING_RUNNER_SET_FINALIZER)
     }
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
@@ -874,14 +878,13 @@ impl<'a> Step<'a> {
         }
         self.delete_scale_set().await?;
         self.release_protected_objects().await?;
-        let wanted = self
-            .runner_set
-            .finalizers()
-            .iter()
-            .filter(|f| *f != AUTOSCALING_RUNNER_SET_FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(&self.api, self.runner_set, wanted, KIND).await?;
+        remove_finalizers(
+            &self.api,
+            self.runner_set,
+            &[AUTOSCALING_RUNNER_SET_FINALIZER],
+            KIND,
+        )
+        .await?;
         self.ctx.forget(&self.key);
         Ok(Action::await_change())
     }
@@ -1008,20 +1011,8 @@ where
     let Some(obj) = found else {
         return Ok(());
     };
-    if !obj
-        .finalizers()
-        .iter()
-        .any(|f| f == CLEANUP_PROTECTION_FINALIZER)
-    {
-        return Ok(());
-    }
-    let wanted = obj
-        .finalizers()
-        .iter()
-        .filter(|f| *f != CLEANUP_PROTECTION_FINALIZER)
-        .cloned()
-        .collect();
-    set_finalizers(api, &obj, wanted, kind).await
+    remove_finalizers(api, &obj, &[CLEANUP_PROTECTION_FINALIZER], kind).await?;
+    Ok(())
 }
 
 /// Reasons that describe progress rather than a problem: no Warning Event for them.

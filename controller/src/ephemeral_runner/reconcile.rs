@@ -51,16 +51,22 @@ use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
 };
 use crate::context::Context;
-use crate::hash::runner_spec_hash;
 use crate::error::{Error, Result, is_status};
+use crate::hash::runner_spec_hash;
 use crate::kubeutil::{
-    controller_ref, delete_if_present, delete_terminated_pod, name_and_namespace, set_finalizers,
+    add_finalizers, controller_ref, delete_if_present, delete_terminated_pod, has_finalizer,
+    name_and_namespace, remove_finalizers,
 };
 use crate::metrics::{RunnerLabels, RunnerReasonLabels};
 use crate::options::{ER_FIELD_MANAGER, ER_JOB_METADATA_FIELD_MANAGER};
 
 /// Kind name used in errors.
 const KIND: &str = "EphemeralRunner";
+/// The runner's two finalizers: its children's cleanup and its deregistration.
+const RUNNER_FINALIZERS: [&str; 2] = [
+    EPHEMERAL_RUNNER_FINALIZER,
+    EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
+];
 /// Status reason while pod creation is refused by a quota or an admission check.
 pub const POD_REJECTED_REASON: &str = "PodCreationRejected";
 /// Status reason while an idle runner waits for its deleted pod to go.
@@ -423,20 +429,8 @@ impl<'a> Step<'a> {
 
     /// Adds whichever of the two finalizers is missing (both in one patch, unlike ARC).
     async fn ensure_finalizers(&self) -> Result<()> {
-        let current = self.runner.finalizers();
-        let missing: Vec<&str> = [
-            EPHEMERAL_RUNNER_FINALIZER,
-            EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
-        ]
-        .into_iter()
-        .filter(|finalizer| !current.iter().any(|have| have == finalizer))
-        .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let mut wanted = current.to_vec();
-        wanted.extend(missing.into_iter().map(str::to_owned));
-        set_finalizers(&self.api, self.runner, wanted, KIND).await
+        add_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS, KIND).await?;
+        Ok(())
     }
 
     /// The JIT Secret, from the API server, and the identity it records.
@@ -1221,13 +1215,10 @@ impl<'a> Step<'a> {
 
     /// Deletion: deregister, delete children, then drop both finalizers.
     async fn finalize(&self) -> Result<Action> {
-        let finalizers = self.runner.finalizers();
-        if !finalizers.iter().any(|f| f == EPHEMERAL_RUNNER_FINALIZER) {
+        if !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER) {
             return Ok(Action::await_change());
         }
-        if finalizers
-            .iter()
-            .any(|f| f == EPHEMERAL_RUNNER_REGISTRATION_FINALIZER)
+        if has_finalizer(self.runner, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER)
             && self.deregister().await? == Removal::JobStillRunning
         {
             tracing::info!("the runner is still running a job; deregistration retried later");
@@ -1239,16 +1230,9 @@ impl<'a> Step<'a> {
         if self.runner.has_container_hooks() {
             self.delete_hook_objects().await?;
         }
-        let wanted: Vec<String> = finalizers
-            .iter()
-            .filter(|f| {
-                *f != EPHEMERAL_RUNNER_FINALIZER && *f != EPHEMERAL_RUNNER_REGISTRATION_FINALIZER
-            })
-            .cloned()
-            .collect();
         // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still finalize
         // it once more, and then need not ask the service again.
-        set_finalizers(&self.api, self.runner, wanted, KIND).await?;
+        remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS, KIND).await?;
         Ok(Action::await_change())
     }
 

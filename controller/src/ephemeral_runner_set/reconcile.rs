@@ -43,7 +43,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::hash::integrity_hash;
 use crate::kubeutil::{
-    controller_ref, delete_if_present, is_controlled_by, name_and_namespace, set_finalizers,
+    add_finalizers, controller_ref, delete_if_present, has_finalizer, is_controlled_by,
+    name_and_namespace, remove_finalizers,
 };
 use crate::metrics::{RunnerLabels, ScaleSetLabels};
 use crate::options::ERS_FIELD_MANAGER;
@@ -161,13 +162,8 @@ impl<'a> SetStep<'a> {
     }
 
     async fn ensure_finalizer(&self) -> Result<()> {
-        let current = self.set.finalizers();
-        if current.iter().any(|f| f == EPHEMERAL_RUNNER_SET_FINALIZER) {
-            return Ok(());
-        }
-        let mut wanted = current.to_vec();
-        wanted.push(EPHEMERAL_RUNNER_SET_FINALIZER.to_owned());
-        set_finalizers(&self.api, self.set, wanted, KIND).await
+        add_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER], KIND).await?;
+        Ok(())
     }
 
     async fn stamp_hash(&self, hash: &str) -> Result<()> {
@@ -592,12 +588,7 @@ impl<'a> SetStep<'a> {
 
     /// Deletion (§3.3.8): runners first (busy ones are waited for), then the proxy Secret, then the finalizer.
     async fn finalize(&self) -> Result<Action> {
-        if !self
-            .set
-            .finalizers()
-            .iter()
-            .any(|f| f == EPHEMERAL_RUNNER_SET_FINALIZER)
-        {
+        if !has_finalizer(self.set, EPHEMERAL_RUNNER_SET_FINALIZER) {
             return Ok(Action::await_change());
         }
         if !self.cleanup().await? {
@@ -614,14 +605,7 @@ impl<'a> SetStep<'a> {
         {
             return Ok(Action::requeue(SHORT_WAIT));
         }
-        let wanted = self
-            .set
-            .finalizers()
-            .iter()
-            .filter(|f| *f != EPHEMERAL_RUNNER_SET_FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(&self.api, self.set, wanted, KIND).await?;
+        remove_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER], KIND).await?;
         self.ctx.expectations.forget(&self.key);
         Ok(Action::await_change())
     }
