@@ -326,13 +326,16 @@ struct ScaleSetParts {
 
 /// Where a watch's objects go: every applied object to every subscriber, unbounded.
 ///
-/// kube-runtime's own subscription to a shared store (`ReflectHandle`) looks each event's object up in the store
-/// and, when it is already gone from there (deleted a moment later, as finished runners and their pods are),
-/// returns `Pending` without registering a waker. Inside a controller's trigger streams that subscriber is then
-/// never polled again, and the controller stops hearing about that kind for good: in a 500-job burst, runners
-/// whose pods had finished waited for the five-minute resync, and jobs for the runner set's next scale-up waited
-/// with them. Handing out the event's own object avoids the lookup; an unbounded channel keeps a slow controller
-/// from holding up the watch (its items are consumed as fast as triggers are scheduled).
+/// The project fans out itself because kube-runtime's shared reflector (`reflect_shared`, 5.0) does not serve
+/// these controllers. It hands no deletions to subscribers (https://github.com/kube-rs/kube/issues/1590, open);
+/// the watches here map each deletion to its owner's reconcile instead (`on_delete` of [`spawn_watch`]). Its
+/// subscription (`ReflectHandle`) looks each event's object up in the store and, when it is already gone from
+/// there (deleted a moment later, as finished runners and their pods are), returns `Pending` without registering
+/// a waker. Inside a controller's trigger streams that subscriber is then never polled again, and the controller
+/// stops hearing about that kind for good: in a 500-job burst, runners whose pods had finished waited for the
+/// five-minute resync, and jobs for the runner set's next scale-up waited with them. Handing out the event's own
+/// object avoids the lookup. Its buffer is bounded, so a full one holds up the watch; an unbounded channel keeps
+/// a slow controller from doing that (its items are consumed as fast as triggers are scheduled).
 struct Fanout<K> {
     subscribers: Vec<mpsc::UnboundedSender<Arc<K>>>,
 }
