@@ -472,6 +472,29 @@ impl NodeWorld {
         .await
     }
 
+    /// Waits for one EphemeralRunner, registered and Running, with a Running pod other than `not`; for runners
+    /// that never report online to the fake (the `HANG` switch), where [`NodeWorld::wait_idle`] would not do.
+    async fn running_runner_and_pod(&self, not: Option<&Pod>) -> (EphemeralRunner, Pod) {
+        self.eventually("a Running runner with a Running pod", || async {
+            let ers = self.ephemeral_runners().await;
+            let [er] = ers.as_slice() else {
+                return None;
+            };
+            let status = er.status.as_ref()?;
+            if status.phase != "Running" || status.runner_id == 0 {
+                return None;
+            }
+            let pod = self.runner_pods().await.into_iter().find(|p| {
+                p.name_any() == er.name_any()
+                    && p.metadata.deletion_timestamp.is_none()
+                    && not.is_none_or(|old| old.uid() != p.uid())
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })?;
+            Some((er.clone(), pod))
+        })
+        .await
+    }
+
     async fn wait_jobs_completed(&self, ids: &[i64]) -> StateSnapshot {
         self.eventually(&format!("{} jobs to complete", ids.len()), || async {
             let snapshot = self.fake.state().snapshot();
@@ -943,6 +966,92 @@ async fn a_busy_runner_oom_killed_is_deregistered_and_deleted_with_an_event() {
     let job = world.fake.state().job(ids[0]).expect("job");
     assert_eq!(job.times_started, 1, "the job was not run again: {job:?}");
     world.wait_idle(0).await;
+    world.uninstall_leaves_nothing().await;
+    world.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_runner_ignoring_sigterm_stays_terminating_for_its_grace_period_then_gets_a_fresh_pod()
+ {
+    let Some(parts) = node_tier("e2e: idle runner stuck Terminating") else {
+        return;
+    };
+    let _turn = TURN.lock().await;
+    // The template's grace period is 10 s. The runner ignores SIGTERM and hangs (it never reports online, so
+    // losing its registration does not end it either): only the kubelet's SIGKILL ends it.
+    let world = NodeWorld::start(
+        "node-stuck",
+        &parts,
+        1,
+        1,
+        json!({"env": [
+            {"name": env::IGNORE_SIGTERM, "value": "1"},
+            {"name": env::HANG, "value": "1"},
+        ]}),
+    )
+    .await;
+    world.wait_listening().await;
+    let (before, old_pod) = world.running_runner_and_pod(None).await;
+    let er_name = before.name_any();
+    let old_runner_id = before
+        .status
+        .as_ref()
+        .map(|s| s.runner_id)
+        .unwrap_or_default();
+    let pods = world.ctx.api::<Pod>();
+    let deleted_at = std::time::Instant::now();
+    pods.delete(&old_pod.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete the idle runner's pod");
+
+    // While the pod is Terminating the idle runner is released: the service must give it no job.
+    world
+        .eventually(
+            "the old registration released while the pod terminates",
+            || async {
+                let released = !world
+                    .fake
+                    .state()
+                    .snapshot()
+                    .runners
+                    .iter()
+                    .any(|r| r.id == old_runner_id);
+                released.then_some(())
+            },
+        )
+        .await;
+    let still_there = pods
+        .get_opt(&old_pod.name_any())
+        .await
+        .expect("get")
+        .is_some_and(|p| p.uid() == old_pod.uid());
+    assert!(
+        still_there,
+        "the runner ignores SIGTERM, so its pod is still Terminating ({:?} after the delete)",
+        deleted_at.elapsed()
+    );
+    world
+        .eventually("the old pod gone", || async {
+            let current = pods.get_opt(&old_pod.name_any()).await.ok()?;
+            current
+                .is_none_or(|p| p.uid() != old_pod.uid())
+                .then_some(())
+        })
+        .await;
+    let terminating_for = deleted_at.elapsed();
+    eprintln!(
+        "the pod of a runner ignoring SIGTERM was gone {terminating_for:?} after its deletion"
+    );
+    assert!(
+        terminating_for >= Duration::from_secs(8),
+        "the kubelet waits the grace period (10 s) before SIGKILL: {terminating_for:?}"
+    );
+    // Then the same runner comes back with a fresh registration and pod, no failure counted.
+    let (after, _) = world.running_runner_and_pod(Some(&old_pod)).await;
+    assert_eq!(after.name_any(), er_name);
+    let status = after.status.clone().unwrap_or_default();
+    assert_ne!(status.runner_id, old_runner_id, "a fresh registration");
+    assert!(status.failures.is_empty(), "no failure counted: {status:?}");
     world.uninstall_leaves_nothing().await;
     world.finish().await;
 }
