@@ -7,6 +7,13 @@
 //! for `renew_deadline` must stop reconciling: [`LeaderElector::hold`] returns and the binary exits, as
 //! controller-runtime does, so a restarted pod rejoins as a candidate. On a clean shutdown the Lease is released
 //! (holder cleared) so another replica takes over at once instead of after the lease duration.
+//!
+//! Why no crate: kube-runtime 5.0 has no leader election, and none of the Lease crates fits. kube-leader-election
+//! (0.44) is built on kube 4 and is a lock without fencing whose caller drives renewal and stepping down, which is
+//! most of this module; kube-coordinate's newest release (2.0.0-rc.0) is built on kube 2; kube-lease-manager
+//! (0.13) is on kube 5 but takes the Lease by server-side apply rather than client-go's read-and-replace, which
+//! controller-runtime (ARC's manager) uses, and needs Rust 1.89 where the workspace supports 1.88. A second kube
+//! in the binary or a second protocol costs more than this module, whose decisions are pure functions under test.
 
 use std::time::Duration;
 
