@@ -1,5 +1,6 @@
-//! What an AutoscalingRunnerSet asks for, as pure functions (spec §2.5, §3.1.2–§3.1.4): its integrity hash, the
-//! scale set's labels in the Actions Service, its EphemeralRunnerSet and its AutoscalingListener.
+//! What an AutoscalingRunnerSet asks for, as pure functions: its integrity hash, the scale set's labels in the
+//! Actions Service, its EphemeralRunnerSet and its AutoscalingListener (docs/reference/controllers.md, "Label and
+//! annotation merging", "The scale set", "The EphemeralRunnerSet", "The listener object").
 
 use std::collections::BTreeMap;
 
@@ -25,7 +26,7 @@ use crate::error::Result;
 use crate::hash::integrity_hash;
 use crate::labels::{merge_annotations, merge_labels};
 
-/// The integrity hash of an AutoscalingRunnerSet: its spec and labels (§2.6).
+/// The integrity hash of an AutoscalingRunnerSet: its spec and labels (docs/reference/controllers.md, "Hashes").
 pub fn runner_set_hash(runner_set: &AutoscalingRunnerSet) -> Result<String> {
     integrity_hash(&json!({"spec": runner_set.spec, "labels": runner_set.labels()}))
 }
@@ -64,7 +65,7 @@ pub fn scale_set_labels(name: &str, extra: &[String]) -> Vec<Label> {
 }
 
 /// Labels every child of the AutoscalingRunnerSet gets: its own (minus excluded prefixes), then
-/// `own` on top, then the GitHub URL labels (§2.5).
+/// `own` on top, then the GitHub URL labels (docs/reference/controllers.md, "Label and annotation merging").
 fn child_labels(
     runner_set: &AutoscalingRunnerSet,
     component: &str,
@@ -87,7 +88,8 @@ fn child_labels(
     labels
 }
 
-/// The EphemeralRunnerSet of an AutoscalingRunnerSet (§3.1.2): same name and namespace, replicas 0.
+/// The EphemeralRunnerSet of an AutoscalingRunnerSet: same name and namespace, replicas 0
+/// (docs/reference/controllers.md, "The EphemeralRunnerSet").
 pub fn desired_runner_set(
     runner_set: &AutoscalingRunnerSet,
     owner: OwnerReference,
@@ -166,7 +168,7 @@ pub struct ListenerInputs<'a> {
     pub excluded_prefixes: &'a [String],
 }
 
-/// The name of the AutoscalingListener of an AutoscalingRunnerSet (§2.4.2).
+/// The name of the AutoscalingListener of an AutoscalingRunnerSet (docs/reference/controllers.md, "Object names").
 pub fn desired_listener_name(runner_set: &AutoscalingRunnerSet) -> String {
     listener_name(
         &runner_set.name_any(),
@@ -176,8 +178,9 @@ pub fn desired_listener_name(runner_set: &AutoscalingRunnerSet) -> String {
     )
 }
 
-/// The AutoscalingListener of an AutoscalingRunnerSet (§3.1.3). Unlike ARC, the image pull secrets are part of
-/// the comparison too, so configuring them does not recreate the listener on every pass.
+/// The AutoscalingListener of an AutoscalingRunnerSet (docs/reference/controllers.md, "The listener object").
+/// Unlike ARC, the image pull secrets are part of the comparison too, so configuring them does not recreate the
+/// listener on every pass.
 pub fn desired_listener(
     runner_set: &AutoscalingRunnerSet,
     scale_set_id: i64,

@@ -1,5 +1,6 @@
-//! The AutoscalingRunnerSet controller (spec §3.1): the scale set in the Actions Service, the
-//! EphemeralRunnerSet and the AutoscalingListener of each AutoscalingRunnerSet, its status, and ordered cleanup.
+//! The AutoscalingRunnerSet controller (docs/reference/controllers.md, "AutoscalingRunnerSet controller"): the
+//! scale set in the Actions Service, the EphemeralRunnerSet and the AutoscalingListener of each
+//! AutoscalingRunnerSet, its status, and ordered cleanup.
 //!
 //! Wiring: primary sets from the manager's shared watch, with status-only changes filtered out (the controller
 //! writes status itself, and a failing pass must not trigger the next one at once); owned EphemeralRunnerSets;

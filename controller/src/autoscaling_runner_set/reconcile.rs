@@ -1,4 +1,4 @@
-//! One AutoscalingRunnerSet reconcile (spec §3.1.1).
+//! One AutoscalingRunnerSet reconcile (docs/reference/controllers.md, "ARS reconcile").
 //!
 //! # Expected flow
 //! version gate → finalizer → integrity hash (phase `Pending` on change) → scale set (create or reuse; re-create
@@ -230,7 +230,7 @@ impl<'a> Step<'a> {
             .map_err(self.patch_error(what))
     }
 
-    /// §3.1.1 step 3: ARC deletes a set labelled for an incompatible version.
+    /// ARC deletes a set labelled for an incompatible version (docs/reference/controllers.md, "The version gate").
     async fn reject_version(&self, version: &str) -> Result<Action> {
         let build = &self.ctx.base.options.build_version;
         tracing::warn!(
@@ -253,7 +253,8 @@ impl<'a> Step<'a> {
         Ok(Action::await_change())
     }
 
-    /// §3.1.1 step 5: a changed spec or label set makes the phase `Pending` until the next full pass.
+    /// A changed spec or label set makes the phase `Pending` until the next full pass
+    /// (docs/reference/controllers.md, "ARS reconcile", step 4).
     async fn stamp_hash(&self, hash: &str) -> Result<()> {
         self.merge_patch(
             "integrity hash",
@@ -282,8 +283,8 @@ impl<'a> Step<'a> {
             .map_err(self.patch_error("status"))
     }
 
-    /// §3.1.7: a set whose status says `Outdated` stops its listener and scales its runners to zero until its
-    /// spec changes.
+    /// A set whose status says `Outdated` stops its listener and scales its runners to zero until its spec changes
+    /// (docs/reference/controllers.md, "ARS reconcile", step 5).
     async fn pause_outdated(&self) -> Result<Action> {
         if self
             .delete_listener(&desired_listener_name(self.runner_set))
@@ -333,7 +334,8 @@ impl<'a> Step<'a> {
         self.runner_set.spec.scale_set_name(&self.name)
     }
 
-    /// §3.1.4–§3.1.5, plus (beyond ARC) a periodic check that the scale set still exists.
+    /// The scale set (docs/reference/controllers.md, "The scale set"), with (beyond ARC) a periodic check that it
+    /// still exists.
     async fn ensure_scale_set(&self) -> Result<ScaleSetStep> {
         let annotations = self.runner_set.annotations();
         let Some(id) = recorded_scale_set_id(self.runner_set) else {
@@ -523,7 +525,8 @@ impl<'a> Step<'a> {
             .as_ref()
             .is_some_and(|s| s.phase == phase::OUTDATED)
         {
-            // §3.1.1 step 10: a set whose runners report an outdated version is replaced, listener first.
+            // A set whose runners report an outdated version is replaced, listener first
+            // (docs/reference/controllers.md, "The EphemeralRunnerSet").
             if self
                 .delete_listener(&desired_listener_name(self.runner_set))
                 .await?
@@ -568,7 +571,8 @@ impl<'a> Step<'a> {
 
     /// Brings the set's template and metadata up to date. Unlike ARC, the template is updated at once even
     /// while runners are busy: the EphemeralRunnerSet controller replaces idle runners and lets busy ones
-    /// finish, and ARC's wait could last forever while `minRunners` keeps idle runners around (§6 item 16).
+    /// finish, and ARC's wait could last forever while `minRunners` keeps idle runners around
+    /// (docs/reference/controllers.md, "Template changes while runners are busy").
     async fn update_runner_set(
         &self,
         existing: &EphemeralRunnerSet,
@@ -660,7 +664,8 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// Listeners of this set under another name (left behind by a runner group or URL change, ARC §6 item 21).
+    /// Listeners of this set under another name, left behind by a runner group or URL change
+    /// (docs/reference/controllers.md, "Orphaned listeners").
     fn orphan_listeners(&self, current: &str) -> Vec<String> {
         self.ctx
             .listeners
@@ -759,7 +764,8 @@ impl<'a> Step<'a> {
         let mut status = previous.clone();
         let fully_reconciled = scale_set.is_ok() && listener.is_some();
         if let Some(counts) = runner_set_status {
-            // All four counters (ARC only copies them when the current count changes, §3.1.6).
+            // All four counters (ARC only copies them when the current count changes;
+            // docs/reference/controllers.md, "Status and conditions").
             status.current_runners = counts.current_replicas;
             status.pending_ephemeral_runners = counts.pending_ephemeral_runners;
             status.running_ephemeral_runners = counts.running_ephemeral_runners;
@@ -849,7 +855,8 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// §3.1.8, in order; each step waits until its objects are gone.
+    /// Deletion (docs/reference/controllers.md, "ARS deletion"), in order; each step waits until its objects are
+    /// gone.
     async fn finalize(&self) -> Result<Action> {
         if !self.has_finalizer() {
             return Ok(Action::await_change());
@@ -919,7 +926,7 @@ impl<'a> Step<'a> {
         .await
     }
 
-    /// §3.1.8 step 4: lets Helm's protected objects go, in ARC's order.
+    /// Lets Helm's protected objects go, in ARC's order (docs/reference/controllers.md, "ARS deletion", step 4).
     async fn release_protected_objects(&self) -> Result<()> {
         let annotations = self.runner_set.annotations();
         let client = &self.ctx.base.client;

@@ -1,5 +1,6 @@
-//! The objects an EphemeralRunner owns, built as pure functions: the JIT config Secret (§3.4.3), the runner pod
-//! (§3.4.4) and the job labels and annotations put on the pod once a job is assigned (beyond-ARC item 15).
+//! The objects an EphemeralRunner owns, built as pure functions: the JIT config Secret
+//! (docs/reference/controllers.md, "JIT Secret"), the runner pod ("Runner pod") and the job labels and annotations
+//! put on the pod once a job is assigned (docs/reference/beyond-arc.md, item 15).
 
 use std::collections::BTreeMap;
 

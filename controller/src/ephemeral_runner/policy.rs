@@ -1,6 +1,6 @@
-//! Pure decisions about a runner's pod (spec §3.4.5–§3.4.6, beyond-ARC item 6): what a pod's state means, which
-//! failures count against the retry budget, how long to wait before the next pod, and what a pod creation
-//! error means.
+//! Pure decisions about a runner's pod (docs/reference/controllers.md, "Following the pod";
+//! docs/reference/beyond-arc.md, item 6): what a pod's state means, which failures count against the retry budget,
+//! how long to wait before the next pod, and what a pod creation error means.
 //!
 //! Counted failures are the runner's own: its container exited non-zero, an init container failed, or the pod
 //! failed for a reason of its own. Disruptions are the cluster's doing and are never counted: evictions,
@@ -171,7 +171,8 @@ fn failure(
     }
 }
 
-/// What the state of a runner pod means (the table of §3.4.5, with disruptions told apart).
+/// What the state of a runner pod means, with disruptions told apart (docs/reference/controllers.md, "Following the
+/// pod").
 pub fn judge_pod(pod: &Pod) -> PodVerdict {
     let runner = runner_status(pod);
     let runner_exit = runner.and_then(exit_code);

@@ -1,5 +1,6 @@
-//! The EphemeralRunnerSet controller (spec §3.3): keeps the number of EphemeralRunners the listener asks for,
-//! following the patch-ID protocol, and tears runners down safely on deletion.
+//! The EphemeralRunnerSet controller (docs/reference/controllers.md, "EphemeralRunnerSet controller"): keeps the
+//! number of EphemeralRunners the listener asks for, following the patch-ID protocol, and tears runners down safely
+//! on deletion.
 //!
 //! Wiring: primary sets from the manager's shared set watch; owned runners from the shared runner watch; runner
 //! deletions (which shared watches do not forward) through `reconcile_on`.

@@ -1,4 +1,4 @@
-//! One EphemeralRunnerSet reconcile (spec §3.3.1).
+//! One EphemeralRunnerSet reconcile (docs/reference/controllers.md, "ERS reconcile").
 //!
 //! # Expected flow
 //! finalizer → template change? (clean up idle runners) → outdated? (clean up) → proxy Secret → count runners →
@@ -185,8 +185,8 @@ impl<'a> SetStep<'a> {
         ephemeral_runner_set_proxy_secret_name(&self.name, &self.namespace)
     }
 
-    /// The proxy Secret runner pods read their proxy environment from (§3.3.6), applied every pass so
-    /// rotated proxy credentials reach new runners.
+    /// The proxy Secret runner pods read their proxy environment from (docs/reference/controllers.md, "Proxy
+    /// Secrets"), applied every pass so rotated proxy credentials reach new runners.
     async fn reconcile_proxy_secret(&self) -> Result<()> {
         let Some(proxy) = &self.set.spec.ephemeral_runner_spec.proxy else {
             return Ok(());
@@ -526,8 +526,8 @@ impl<'a> SetStep<'a> {
         Ok(true)
     }
 
-    /// Runner cleanup (§3.3.7): terminal runners are deleted, idle ones deregistered and deleted, busy ones
-    /// kept. Returns whether the set has no runners left.
+    /// Runner cleanup (docs/reference/controllers.md, "Runner cleanup"): terminal runners are deleted, idle ones
+    /// deregistered and deleted, busy ones kept. Returns whether the set has no runners left.
     async fn cleanup(&self) -> Result<bool> {
         let census = Census::of(self.children());
         if census.total() == 0
@@ -586,7 +586,8 @@ impl<'a> SetStep<'a> {
         Ok(false)
     }
 
-    /// Deletion (§3.3.8): runners first (busy ones are waited for), then the proxy Secret, then the finalizer.
+    /// Deletion (docs/reference/controllers.md, "ERS deletion"): runners first (busy ones are waited for), then the
+    /// proxy Secret, then the finalizer.
     async fn finalize(&self) -> Result<Action> {
         if !has_finalizer(self.set, EPHEMERAL_RUNNER_SET_FINALIZER) {
             return Ok(Action::await_change());

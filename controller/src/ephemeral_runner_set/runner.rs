@@ -1,4 +1,5 @@
-//! The EphemeralRunner a set creates (§3.3.9) and the hash that detects a change of its template.
+//! The EphemeralRunner a set creates (docs/reference/controllers.md, "A new EphemeralRunner") and the hash that
+//! detects a change of its template.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,6 @@
-//! Pure decisions of the EphemeralRunnerSet controller: counting runners (§3.3.2), the patch-ID protocol
-//! (§3.3.3), and which idle runners a scale-down may remove (§3.3.5 with beyond-ARC item 8).
+//! Pure decisions of the EphemeralRunnerSet controller: counting runners, the patch-ID protocol, and which idle
+//! runners a scale-down may remove (docs/reference/controllers.md, "Counting runners", "The patch-ID protocol",
+//! "Scale down"; docs/reference/beyond-arc.md, item 8).
 
 use std::sync::Arc;
 use std::time::Duration;
