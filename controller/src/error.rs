@@ -321,6 +321,19 @@ pub enum Error {
         source: Box<kube::Error>,
     },
 
+    /// A command-line flag has a value the manager cannot use.
+    #[error("--{flag}: {reason}")]
+    InvalidFlag {
+        /// The flag's name.
+        flag: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+
+    /// The leader stopped holding its Lease: the controllers stopped, and the process should exit.
+    #[error("the leader election Lease was lost")]
+    LeadershipLost,
+
     /// Binding or serving an HTTP endpoint failed.
     #[error("serve HTTP on {addr}: {source}")]
     Serve {
@@ -365,6 +378,8 @@ impl Error {
             Self::CrdMissing { .. } => "crd_missing",
             Self::WatchNotReady { .. } => "watch_not_ready",
             Self::BuildKubeClient(_) => "build_kube_client",
+            Self::InvalidFlag { .. } => "invalid_flag",
+            Self::LeadershipLost => "leadership_lost",
             Self::Serve { .. } => "serve",
             Self::LeaderElection { .. } => "leader_election",
             Self::InvalidRunnerSetSpec { .. } => "invalid_runner_set_spec",
@@ -421,16 +436,6 @@ impl Error {
             _ => false,
         }
     }
-
-    /// Whether the API server answered 409 Conflict (an optimistic-concurrency check failed: re-read and retry).
-    pub fn is_conflict(&self) -> bool {
-        match self {
-            Self::PatchObject { source, .. } | Self::CreateObject { source, .. } => {
-                is_status(source, 409)
-            }
-            _ => false,
-        }
-    }
 }
 
 /// Whether a kube error is an API answer with this HTTP status.
@@ -468,20 +473,12 @@ mod tests {
         };
         assert_eq!(error.metric_label(), "create_object");
         assert!(!error.is_configuration_problem());
-        assert!(!error.is_conflict());
     }
 
     #[test]
-    fn conflicts_are_recognised() {
-        let error = Error::PatchObject {
-            kind: "EphemeralRunner",
-            what: "finalizers",
-            namespace: "ns".into(),
-            name: "r".into(),
-            source: Box::new(api_error(409)),
-        };
-        assert!(error.is_conflict());
+    fn api_statuses_are_recognised() {
         assert!(is_status(&api_error(404), 404));
+        assert!(!is_status(&api_error(409), 404));
         assert_eq!(api_message(&api_error(403)), "boom");
     }
 

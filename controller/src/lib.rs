@@ -1,5 +1,5 @@
 //! The controller manager of the runner scale set mode (`actions.github.com/v1alpha1`): a library with one
-//! module tree per reconciler, sharing one [`context::Context`], and a thin `manager` binary.
+//! module tree per reconciler, sharing one [`context::Context`], and a thin `manager` binary ([`app::run`]).
 //!
 //! * [`manager::Manager`] starts the shared watches and the controllers and stops them on one shutdown token;
 //!   tests run it in-process against a real API server.
@@ -11,6 +11,7 @@
 //! See `docs/runner-lifecycle.md` for the runner lifecycle and its failure handling.
 
 pub mod actions;
+pub mod app;
 pub mod autoscaling_listener;
 pub mod autoscaling_runner_set;
 pub mod cli;

@@ -1,0 +1,218 @@
+//! The manager process: HTTP endpoints, signals, optional leader election and the controllers, on one shutdown
+//! token. The binary parses the flags, starts logging and calls [`run`].
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Args, kube_client};
+use crate::error::{Error, Result};
+use crate::leader::{LeaderElector, LeaseTiming};
+use crate::manager::Manager;
+use crate::server::{health_routes, metrics_routes, serve};
+
+/// Runs the manager as `args` say until SIGTERM or SIGINT (a second signal exits at once). Under leader
+/// election it reconciles only while it holds the Lease; losing it ends the run with [`Error::LeadershipLost`],
+/// so the process exits and its restarted pod rejoins the election (controller-runtime does the same).
+pub async fn run(args: &Args) -> Result<()> {
+    for warning in args.ignored_flags() {
+        tracing::warn!("{warning}");
+    }
+    let invalid = |flag| move |reason| Error::InvalidFlag { flag, reason };
+    let metrics_addr = args.metrics_address().map_err(invalid("metrics-addr"))?;
+    let health_addr = args
+        .health_address()
+        .map_err(invalid("health-probe-bind-address"))?;
+    let client = kube_client(
+        args.k8s_client_rate_limiter_qps,
+        args.k8s_client_rate_limiter_burst,
+    )
+    .await?;
+    let mut options = args.options();
+    options.build_version = env!("CARGO_PKG_VERSION").to_owned();
+    let manager = Manager::new(client.clone(), options);
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(forward_signals(shutdown.clone()));
+    let health = health_routes(manager.readiness());
+    let metrics = metrics_routes(manager.registry());
+    let servers: Vec<_> = endpoints(metrics_addr, health_addr)
+        .into_iter()
+        .map(|endpoint| {
+            let mut router = Router::new();
+            if endpoint.metrics {
+                router = router.merge(metrics.clone());
+            }
+            if endpoint.health {
+                router = router.merge(health.clone());
+            }
+            tokio::spawn(serve(endpoint.addr, router, shutdown.clone()))
+        })
+        .collect();
+    let result = match leader_elector(args, &client) {
+        None => manager.run(shutdown.clone()).await,
+        Some(elector) => run_as_leader(manager, &elector, &shutdown).await,
+    };
+    shutdown.cancel();
+    for server in servers {
+        match server.await {
+            Ok(Err(error)) => tracing::error!(%error, "HTTP server failed"),
+            Err(error) => tracing::error!(%error, "HTTP server task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    result
+}
+
+/// One HTTP server and what it serves.
+#[derive(Debug, PartialEq, Eq)]
+struct Endpoint {
+    addr: SocketAddr,
+    metrics: bool,
+    health: bool,
+}
+
+/// The HTTP servers for the metrics and health addresses (each disabled when `None`): one server when both
+/// name the same address, as the chart may configure it.
+fn endpoints(metrics: Option<SocketAddr>, health: Option<SocketAddr>) -> Vec<Endpoint> {
+    match (metrics, health) {
+        (Some(m), Some(h)) if m == h => vec![Endpoint {
+            addr: m,
+            metrics: true,
+            health: true,
+        }],
+        (m, h) => m
+            .map(|addr| Endpoint {
+                addr,
+                metrics: true,
+                health: false,
+            })
+            .into_iter()
+            .chain(h.map(|addr| Endpoint {
+                addr,
+                metrics: false,
+                health: true,
+            }))
+            .collect(),
+    }
+}
+
+/// The election candidate when `--enable-leader-election` is set: the Lease lives in the manager's namespace.
+fn leader_elector(args: &Args, client: &Client) -> Option<LeaderElector> {
+    if !args.enable_leader_election {
+        return None;
+    }
+    let namespace = std::env::var("CONTROLLER_MANAGER_POD_NAMESPACE")
+        .ok()
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_owned());
+    // The pod name plus the process id and start time: unique even if a pod name is reused at once.
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "manager".to_owned());
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    let identity = format!("{host}_{}_{started}", std::process::id());
+    Some(LeaderElector::new(
+        client.clone(),
+        &namespace,
+        &args.leader_election_id,
+        &identity,
+        LeaseTiming::default(),
+    ))
+}
+
+/// Waits for leadership, then reconciles while holding it. Losing the Lease stops the controllers and returns
+/// [`Error::LeadershipLost`].
+async fn run_as_leader(
+    manager: Manager,
+    elector: &LeaderElector,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    tracing::info!(
+        identity = elector.identity(),
+        "waiting for the leader Lease"
+    );
+    if !elector.acquire(shutdown).await {
+        return Ok(());
+    }
+    let controllers = shutdown.child_token();
+    let run = async {
+        let result = manager.run(controllers.clone()).await;
+        // Whatever ended the controllers, stop renewing and hand the Lease over.
+        shutdown.cancel();
+        result
+    };
+    let hold = async {
+        let kept = elector.hold(shutdown).await;
+        if !kept {
+            controllers.cancel();
+        }
+        kept
+    };
+    let (result, kept) = tokio::join!(run, hold);
+    if !kept {
+        tracing::error!("leadership lost; exiting so a restarted pod rejoins the election");
+        return Err(Error::LeadershipLost);
+    }
+    result
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT; a second signal exits at once.
+async fn forward_signals(shutdown: CancellationToken) {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+    for round in 0..2 {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        if round == 0 {
+            tracing::info!("shutting down; in-flight reconciles finish first");
+            shutdown.cancel();
+        } else {
+            tracing::warn!("second signal; exiting now");
+            std::process::exit(130);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> Option<SocketAddr> {
+        Some(SocketAddr::from(([0, 0, 0, 0], port)))
+    }
+
+    fn endpoint(port: u16, metrics: bool, health: bool) -> Endpoint {
+        Endpoint {
+            addr: addr(port).unwrap(),
+            metrics,
+            health,
+        }
+    }
+
+    #[test]
+    fn one_server_per_address() {
+        assert_eq!(
+            endpoints(addr(8080), addr(8081)),
+            [endpoint(8080, true, false), endpoint(8081, false, true)]
+        );
+        assert_eq!(
+            endpoints(addr(8080), addr(8080)),
+            [endpoint(8080, true, true)]
+        );
+        assert_eq!(endpoints(None, addr(8081)), [endpoint(8081, false, true)]);
+        assert_eq!(endpoints(addr(8080), None), [endpoint(8080, true, false)]);
+        assert_eq!(endpoints(None, None), []);
+    }
+}
