@@ -5,6 +5,7 @@ use std::fmt::Debug;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
@@ -216,15 +217,13 @@ fn delete_error(kind: &'static str, namespace: &str, name: &str, source: kube::E
 /// object until the kubelet confirms, one more write and a kubelet round trip later. The uid precondition makes
 /// sure it is that pod: if the name now belongs to a newer one (the cache was behind), that one is deleted
 /// gracefully.
-pub async fn delete_terminated_pod<K>(
-    api: &Api<K>,
+pub async fn delete_terminated_pod(
+    api: &Api<Pod>,
     name: &str,
     namespace: &str,
     uid: &str,
-) -> Result<bool>
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
+) -> Result<bool> {
+    let kind = <Pod as k8s_openapi::Resource>::KIND;
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
@@ -236,10 +235,8 @@ where
     match api.delete(name, &params).await {
         Ok(_) => Ok(true),
         Err(error) if is_status(&error, 404) => Ok(false),
-        Err(error) if is_status(&error, 409) => {
-            delete_if_present(api, name, namespace, "Pod").await
-        }
-        Err(source) => Err(delete_error("Pod", namespace, name, source)),
+        Err(error) if is_status(&error, 409) => delete_if_present(api, name, namespace, kind).await,
+        Err(source) => Err(delete_error(kind, namespace, name, source)),
     }
 }
 

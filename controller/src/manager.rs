@@ -175,9 +175,7 @@ impl Manager {
                 runner_fanout,
                 move |runner: &EphemeralRunner| {
                     deleted_memory.forget(&runner.uid().unwrap_or_default());
-                    if let Some(owner) =
-                        controller_owner::<_, EphemeralRunnerSet>(runner, "EphemeralRunnerSet")
-                    {
+                    if let Some(owner) = controller_owner::<_, EphemeralRunnerSet>(runner) {
                         let key = format!(
                             "{}/{}",
                             owner.namespace.as_deref().unwrap_or_default(),
@@ -197,7 +195,7 @@ impl Manager {
                 pod_writer,
                 pod_fanout,
                 move |pod: &Pod| {
-                    if let Some(owner) = controller_owner(pod, "EphemeralRunner") {
+                    if let Some(owner) = controller_owner::<_, EphemeralRunner>(pod) {
                         let _ = pod_deleted_tx.unbounded_send(owner);
                     }
                 },
@@ -434,7 +432,7 @@ impl ScaleSetWatches {
                 self.pod_writer,
                 self.pod_fanout,
                 move |pod: &Pod| {
-                    if let Some(owner) = controller_owner(pod, "AutoscalingListener") {
+                    if let Some(owner) = controller_owner::<_, AutoscalingListener>(pod) {
                         let _ = pod_deleted.unbounded_send(owner);
                     }
                 },
@@ -526,11 +524,9 @@ async fn wait_ready(
     Ok(())
 }
 
-/// The owner of kind `kind` (group `actions.github.com`) that controls `obj`.
-fn controller_owner<K: Resource, O: Resource<DynamicType = ()>>(
-    obj: &K,
-    kind: &str,
-) -> Option<ObjectRef<O>> {
+/// The owner of kind `O` that controls `obj`.
+fn controller_owner<K: Resource, O: Resource<DynamicType = ()>>(obj: &K) -> Option<ObjectRef<O>> {
+    let kind = O::kind(&());
     let owner = obj
         .owner_references()
         .iter()
