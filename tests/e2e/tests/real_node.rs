@@ -52,8 +52,13 @@ fn binary(package: &str, bin: &str) -> PathBuf {
         .unwrap_or(path)
 }
 
-/// The three images, from the binaries of this build.
+/// The three images, from the binaries of this build; written once per test process.
 fn images() -> Archives {
+    static IMAGES: std::sync::OnceLock<Archives> = std::sync::OnceLock::new();
+    IMAGES.get_or_init(write_all_images).clone()
+}
+
+fn write_all_images() -> Archives {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-node-images");
     let (pause, runner) = (
         binary("node-images", "arc-rs-pause"),
@@ -741,41 +746,47 @@ async fn an_idle_runners_pod_deleted_gets_a_fresh_registration_and_pod_not_a_fai
         .await
         .expect("delete the idle runner's pod");
 
-    // The same EphemeralRunner gets a new registration and a new pod; the deletion is not a failure.
-    let after = world
-        .eventually(
-            "a fresh registration and pod for the idle runner",
-            || async {
-                let ers = world.ephemeral_runners().await;
-                let er = ers.iter().find(|er| er.name_any() == er_name)?;
-                let status = er.status.as_ref()?;
-                let pod = world.runner_pods().await.into_iter().find(|p| {
-                    p.uid() != old_pod.uid()
-                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                })?;
-                (status.phase == "Running"
-                    && status.runner_id != old_runner_id
-                    && status.runner_id != 0)
-                    .then(|| (er.clone(), pod))
-            },
-        )
-        .await;
-    let failures = after
-        .0
-        .status
-        .as_ref()
-        .map(|s| s.failures.len())
-        .unwrap_or(0);
-    assert_eq!(
-        failures, 0,
-        "a deleted idle pod is no failure: {:?}",
-        after.0.status
-    );
+    // A fresh registration and a new pod take the idle runner's place, and nothing counts as a failure.
+    // Usually the same EphemeralRunner gets them (docs/runner-lifecycle.md, "A pod deleted, evicted or stuck
+    // terminating"); when the runner sees its registration removed before SIGTERM arrives it exits 0, which is
+    // a finished runner, and the set replaces it with a new EphemeralRunner: both are correct.
+    let after = world.wait_idle(1).await.remove(0);
+    let status = after.status.clone().unwrap_or_default();
+    assert_ne!(status.runner_id, old_runner_id, "a fresh registration");
+    assert!(status.failures.is_empty(), "no failure counted: {status:?}");
+    let pod = world.runner_pods().await.remove(0);
+    assert_ne!(pod.uid(), old_pod.uid(), "a new pod");
     let snapshot = world.fake.state().snapshot();
     assert!(
         !snapshot.runners.iter().any(|r| r.id == old_runner_id),
         "the old registration is gone"
     );
+    if after.name_any() == er_name {
+        let events: Vec<String> = world
+            .ctx
+            .api::<Event>()
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.name.as_deref() == Some(er_name.as_str())
+                    && e.involved_object.kind.as_deref() == Some("EphemeralRunner")
+            })
+            .map(|e| format!("{:?}/{:?}", e.type_, e.reason))
+            .collect();
+        eprintln!("the same EphemeralRunner {er_name} got a new pod; its events: {events:?}");
+        assert!(
+            events.iter().all(|e| !e.starts_with("Some(\"Warning\")")),
+            "an idle pod deleted is no warning: {events:?}"
+        );
+    } else {
+        eprintln!(
+            "the runner exited 0 when its registration went; EphemeralRunner {} replaced {er_name}",
+            after.name_any()
+        );
+    }
     // And the runner serves a job.
     let ids = world.enqueue(1);
     world.wait_jobs_completed(&ids).await;
