@@ -17,6 +17,11 @@
 //! * **tokens**: admin and message-queue tokens live [`ChaosConfig::token_lifetime`] in the fake; every
 //!   [`ChaosConfig::token_expiry_every`] all message-queue and registration tokens are expired at once.
 //! * **sessions**: every [`ChaosConfig::session_drop_every`] the fake forgets every message session.
+//! * **pods**: every [`ChaosConfig::disrupt_every`] a random running runner pod, busy or idle, is taken away as a
+//!   drain would: deleted through the API, or (every other one, at random) evicted through the Eviction API. A job
+//!   its runner was running fails, once; an idle runner must come back with a fresh JIT config.
+//! * **template**: once [`ChaosConfig::template_change_after_jobs`] jobs are enqueued, the runner template of the
+//!   AutoscalingRunnerSet changes (an environment variable of the runner container).
 //! * **API server**: once [`ChaosConfig::api_restart_after_jobs`] jobs are enqueued, kube-apiserver is restarted
 //!   (etcd and its data kept). The run first lets the set come to rest, because the runner simulator, standing
 //!   in for the kubelet, gives up a pod status update after about 2 s where a kubelet retries; jobs keep being
@@ -30,7 +35,8 @@
 //!
 //! At the end the faults are cleared and [`checks::settle_and_verify`] runs: every job completed exactly once,
 //! back to `minRunners`, no orphan pod, Secret or EphemeralRunner, nothing left in the fake after an
-//! uninstall; plus "every process recovered by itself": a listener session exists, exactly one listener process
+//! uninstall; no JIT config used by two runner processes; every runner pod created after the template change (with
+//! a margin for a pass already under way) runs the new template; plus "every process recovered by itself": a listener session exists, exactly one listener process
 //! runs, the manager still runs, etcd and the controller-manager never exited, the executor met no error.
 
 use std::collections::BTreeMap;
@@ -42,12 +48,20 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use controller::Options;
+use crds::constants::{
+    EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE, RUNNER_CONTAINER_NAME,
+};
+use crds::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use fake_actions_service::{
     DropSessions, ErrorFault, ExpireTokens, Faults, JobState, LatencyFault, TokenKind,
 };
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use k8s_openapi::api::core::v1::{EnvVar, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
 use kube::ResourceExt;
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use serde::Serialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -122,6 +136,11 @@ pub struct ChaosConfig {
     /// Time between two drops of every session in the fake; `None`: never.
     #[serde(serialize_with = "opt_secs_range")]
     pub session_drop_every: Option<(Duration, Duration)>,
+    /// Time between two runner pods taken away (deleted or evicted through the API); `None`: never.
+    #[serde(serialize_with = "opt_secs_range")]
+    pub disrupt_every: Option<(Duration, Duration)>,
+    /// Change the runner template once this many jobs are enqueued; `None`: never.
+    pub template_change_after_jobs: Option<u32>,
     /// Restart kube-apiserver once this many jobs are enqueued; `None`: never.
     pub api_restart_after_jobs: Option<u32>,
     /// Seed of every random choice (intervals, kinds, faults).
@@ -159,6 +178,8 @@ impl ChaosConfig {
             token_lifetime: Duration::from_secs(90),
             token_expiry_every: Some((Duration::from_secs(20), Duration::from_secs(30))),
             session_drop_every: Some((Duration::from_secs(20), Duration::from_secs(30))),
+            disrupt_every: Some((Duration::from_secs(4), Duration::from_secs(8))),
+            template_change_after_jobs: Some(40),
             api_restart_after_jobs: Some(75),
             seed: 42,
             manager_process: false,
@@ -180,6 +201,8 @@ impl ChaosConfig {
             token_lifetime: Duration::from_secs(300),
             token_expiry_every: Some((Duration::from_secs(120), Duration::from_secs(240))),
             session_drop_every: Some((Duration::from_secs(60), Duration::from_secs(120))),
+            disrupt_every: Some((Duration::from_secs(10), Duration::from_secs(20))),
+            template_change_after_jobs: Some(300),
             api_restart_after_jobs: Some(500),
             timeout: Duration::from_secs(3600),
             ..Self::ci()
@@ -265,7 +288,8 @@ pub struct ChaosReport {
     pub jobs: u32,
     /// Jobs that completed.
     pub completed: usize,
-    /// Jobs that completed as `succeeded` after exactly one start, served by exactly one runner.
+    /// Jobs that completed after exactly one start, served by exactly one runner: as `succeeded`, or as `failed`
+    /// when the run took their runner's pod away while they ran.
     pub completed_exactly_once: usize,
     /// Jobs started by more than one runner, or more than once.
     pub served_twice: usize,
@@ -299,6 +323,19 @@ pub struct ChaosReport {
     pub recovery: BTreeMap<String, RecoveryStats>,
     /// Every disruption with its recovery.
     pub recoveries: Vec<Recovery>,
+    /// Runner pods taken away through the API: deleted, evicted, and how many of them held a job then.
+    pub pods_deleted: u32,
+    pub pods_evicted: u32,
+    pub busy_pods_taken: u32,
+    /// Jobs that failed because their runner's pod was taken away (expected: once each).
+    pub jobs_interrupted_on_purpose: usize,
+    /// Runner template changes.
+    pub template_changes: u32,
+    /// Runner pods created after the template change settled, and how many of them ran the old template.
+    pub pods_after_template_change: usize,
+    pub pods_on_old_template: usize,
+    /// Runner processes refused by the fake because their JIT config had been used before.
+    pub jit_config_reuses: u64,
     /// Runner pods the simulator ran.
     pub runner_pods: usize,
     /// From the first job enqueued to the last one completed.
@@ -391,6 +428,19 @@ impl ChaosReport {
                 }
             );
         }
+        let _ = writeln!(
+            out,
+            "pods taken away: {} deleted, {} evicted ({} busy; {} jobs failed with them); template changes: {} \
+             ({} pods after it, {} on the old template); JIT configs used twice: {}",
+            self.pods_deleted,
+            self.pods_evicted,
+            self.busy_pods_taken,
+            self.jobs_interrupted_on_purpose,
+            self.template_changes,
+            self.pods_after_template_change,
+            self.pods_on_old_template,
+            self.jit_config_reuses
+        );
         let _ = writeln!(out, "runner pods: {}", self.runner_pods);
         if self.problems.is_empty() {
             let _ = writeln!(
@@ -449,6 +499,11 @@ struct Tally {
     session_drops: u32,
     sessions_dropped: u64,
     recoveries: Vec<Recovery>,
+    pods_deleted: u32,
+    pods_evicted: u32,
+    busy_pods_taken: u32,
+    /// When the set's runner template was seen changed.
+    template_changed_at: Option<Timestamp>,
     problems: Vec<String>,
 }
 
@@ -563,13 +618,15 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
     world.fake.state().reset_counters();
     world.fake.state().set_faults(error_faults(config))?;
 
-    let (fed, (), (), (), (), ()) = tokio::join!(
+    let (fed, (), (), (), (), (), (), ()) = tokio::join!(
         feed(&run),
         kills(&run),
         faults(&run),
         token_expiries(&run),
         session_drops(&run),
         api_restart(&run),
+        disruptions(&run),
+        template_change(&run),
     );
     fed?;
     let run_secs = run.now_secs();
@@ -594,14 +651,21 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
     let completed = crate::world::completed(&snapshot, &ids);
     let served_twice_by_runners = world.simulator.jobs_served_twice();
     let expected = world.simulator.config().job_result;
+    let interrupted_on_purpose = world.simulator.jobs_interrupted_on_purpose();
     let completed_exactly_once = snapshot
         .jobs
         .iter()
         .filter(|j| {
+            // A job whose runner's pod the run took away fails, once; every other one succeeds, once.
+            let wanted = if interrupted_on_purpose.contains(&j.request_id) {
+                "failed"
+            } else {
+                expected.as_str()
+            };
             ids.contains(&j.request_id)
                 && j.state == JobState::Completed
                 && j.times_started == 1
-                && j.result.as_deref() == Some(expected.as_str())
+                && j.result.as_deref() == Some(wanted)
                 && !served_twice_by_runners.contains_key(&j.request_id)
         })
         .count();
@@ -620,6 +684,8 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
         run.problem(format!("end-of-run checks: {error}"));
     }
 
+    let template = template_check(&run);
+    let jit_config_reuses = world.fake.state().snapshot().jit_config_reuses;
     let mut tally = std::mem::take(&mut *run.tally());
     let mut recovery: BTreeMap<String, RecoveryStats> = BTreeMap::new();
     for sample in &tally.recoveries {
@@ -665,6 +731,14 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
         sessions_dropped: tally.sessions_dropped,
         recovery,
         recoveries: std::mem::take(&mut tally.recoveries),
+        pods_deleted: tally.pods_deleted,
+        pods_evicted: tally.pods_evicted,
+        busy_pods_taken: tally.busy_pods_taken,
+        jobs_interrupted_on_purpose: world.simulator.jobs_interrupted_on_purpose().len(),
+        template_changes: u32::from(tally.template_changed_at.is_some()),
+        pods_after_template_change: template.0,
+        pods_on_old_template: template.1,
+        jit_config_reuses,
         runner_pods: world.simulator.stats().pods,
         run_secs,
         total_secs: run_secs,
@@ -1232,6 +1306,190 @@ async fn recovered_by_itself(run: &Run<'_>) {
     if !exited.is_empty() {
         run.problem(format!("control-plane components exited: {exited:?}"));
     }
+}
+
+/// The runner container's environment variable the template change adds.
+const TEMPLATE_MARKER: (&str, &str) = ("CHAOS_TEMPLATE", "2");
+/// Pods created this long after the template change was seen must run the new template: a pass that started
+/// before (its registration call may take the manager's whole call deadline under faults) may still finish.
+const TEMPLATE_MARGIN: Duration = Duration::from_secs(10);
+
+/// Every `disrupt_every`, takes a random running runner pod away as a drain would.
+async fn disruptions(run: &Run<'_>) {
+    let Some(every) = run.config.disrupt_every else {
+        return;
+    };
+    let mut rng = SplitMix64(run.config.seed ^ 0x6472_6169);
+    let world = run.world;
+    let pods: Api<Pod> = Api::namespaced(world.client(), world.namespace());
+    let runners: Api<EphemeralRunner> = Api::namespaced(world.client(), world.namespace());
+    let selector = ListParams::default().labels(&format!(
+        "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
+    ));
+    loop {
+        if run.nap(between(&mut rng, every)).await {
+            return;
+        }
+        if run.paused() {
+            continue;
+        }
+        let Ok(list) = pods.list(&selector).await else {
+            continue;
+        };
+        let running: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|pod| {
+                pod.metadata.deletion_timestamp.is_none()
+                    && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .collect();
+        if running.is_empty() {
+            continue;
+        }
+        let pod = &running[usize::try_from(rng.next_u64() % running.len() as u64).unwrap_or(0)];
+        let name = pod.name_any();
+        let busy = runners
+            .get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|runner| runner.has_job());
+        world
+            .simulator
+            .expect_deletion(&pod.uid().unwrap_or_default());
+        let evict = rng.next_u64() % 2 == 0;
+        let result = if evict {
+            pods.evict(&name, &EvictParams::default()).await.map(drop)
+        } else {
+            pods.delete(&name, &DeleteParams::default()).await.map(drop)
+        };
+        match result {
+            Ok(()) => {
+                let what = if evict { "evicted" } else { "deleted" };
+                run.event(&format!(
+                    "pod {name} {what} ({})",
+                    if busy { "busy" } else { "idle" }
+                ));
+                let mut tally = run.tally();
+                if evict {
+                    tally.pods_evicted += 1;
+                } else {
+                    tally.pods_deleted += 1;
+                }
+                tally.busy_pods_taken += u32::from(busy);
+            }
+            Err(error) => run.event(&format!("taking pod {name} away failed: {error}")),
+        }
+    }
+}
+
+/// Once `template_change_after_jobs` jobs are enqueued, adds [`TEMPLATE_MARKER`] to the runner container of the
+/// AutoscalingRunnerSet, and records when the EphemeralRunnerSet shows it.
+async fn template_change(run: &Run<'_>) {
+    let Some(after) = run.config.template_change_after_jobs else {
+        return;
+    };
+    while run.fed.load(Ordering::SeqCst) < after {
+        if run.nap(Duration::from_millis(250)).await {
+            return;
+        }
+    }
+    let world = run.world;
+    let sets: Api<AutoscalingRunnerSet> = Api::namespaced(world.client(), world.namespace());
+    let (name, value) = TEMPLATE_MARKER;
+    let changed = async {
+        let set = sets
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Invariant("no AutoscalingRunnerSet to change".to_owned()))?;
+        let mut containers = set
+            .spec
+            .template
+            .spec
+            .clone()
+            .unwrap_or_default()
+            .containers;
+        for container in containers
+            .iter_mut()
+            .filter(|container| container.name == RUNNER_CONTAINER_NAME)
+        {
+            container.env.get_or_insert_with(Vec::new).push(EnvVar {
+                name: name.to_owned(),
+                value: Some(value.to_owned()),
+                ..EnvVar::default()
+            });
+        }
+        sets.patch(
+            &set.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "spec": { "template": { "spec": { "containers": containers } } } }),
+            ),
+        )
+        .await?;
+        Ok::<_, Error>(())
+    };
+    if let Err(error) = changed.await {
+        run.problem(format!("changing the runner template failed: {error}"));
+        return;
+    }
+    run.event("runner template changed");
+    let runner_sets: Api<EphemeralRunnerSet> = Api::namespaced(world.client(), world.namespace());
+    let deadline = Instant::now() + run.config.recovery_timeout;
+    while Instant::now() < deadline {
+        let seen = runner_sets
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|list| {
+                list.items.iter().any(|set| {
+                    set.spec
+                        .ephemeral_runner_spec
+                        .spec
+                        .containers
+                        .iter()
+                        .flat_map(|container| container.env.iter().flatten())
+                        .any(|var| var.name == name && var.value.as_deref() == Some(value))
+                })
+            });
+        if seen {
+            run.tally().template_changed_at = Some(Timestamp::now());
+            return;
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+    run.problem("the runner template change never reached the EphemeralRunnerSet".to_owned());
+}
+
+/// Runner pods created after the template change settled, and those of them on the old template (a problem).
+fn template_check(run: &Run<'_>) -> (usize, usize) {
+    let Some(changed) = run.tally().template_changed_at else {
+        return (0, 0);
+    };
+    let settled = changed + TEMPLATE_MARGIN;
+    let (name, value) = TEMPLATE_MARKER;
+    let after: Vec<_> = run
+        .world
+        .simulator
+        .pods()
+        .into_iter()
+        .filter(|pod| pod.created.is_some_and(|created| created > settled))
+        .collect();
+    let old: Vec<String> = after
+        .iter()
+        .filter(|pod| pod.runner_env.get(name).map(String::as_str) != Some(value))
+        .map(|pod| pod.name.clone())
+        .collect();
+    if !old.is_empty() {
+        run.problem(format!(
+            "{} runner pod(s) created after the template change run the old template: {old:?}",
+            old.len()
+        ));
+    }
+    (after.len(), old.len())
 }
 
 fn secs<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {

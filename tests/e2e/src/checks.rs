@@ -15,6 +15,7 @@ use crate::{Error, Result};
 /// `succeeded` after exactly one start.
 pub fn jobs_completed_exactly_once(world: &World, ids: &[i64], cancelled: &[i64]) -> Vec<String> {
     let snapshot = world.fake.state().snapshot();
+    let interrupted_on_purpose = world.simulator.jobs_interrupted_on_purpose();
     let mut problems = Vec::new();
     for &id in ids {
         let Some(job) = snapshot.jobs.iter().find(|j| j.request_id == id) else {
@@ -29,7 +30,15 @@ pub fn jobs_completed_exactly_once(world: &World, ids: &[i64], cancelled: &[i64]
             problems.push(format!("job {id} was started {} times", job.times_started));
         }
         let result = job.result.as_deref().unwrap_or("");
-        if cancelled.contains(&id) {
+        if interrupted_on_purpose.contains(&id) {
+            // Its runner's pod was deleted on purpose while the job ran: the job fails, once.
+            if result != "failed" || job.times_started != 1 {
+                problems.push(format!(
+                    "job {id} interrupted by a pod deletion completed as {result:?} after {} starts",
+                    job.times_started
+                ));
+            }
+        } else if cancelled.contains(&id) {
             if result != "canceled" {
                 problems.push(format!("cancelled job {id} completed as {result:?}"));
             }
@@ -45,6 +54,12 @@ pub fn jobs_completed_exactly_once(world: &World, ids: &[i64], cancelled: &[i64]
     }
     for (job, pods) in world.simulator.jobs_served_twice() {
         problems.push(format!("job {job} was served by several runners: {pods:?}"));
+    }
+    if snapshot.jit_config_reuses > 0 {
+        problems.push(format!(
+            "{} runner(s) started with a JIT config another runner had used",
+            snapshot.jit_config_reuses
+        ));
     }
     let interrupted = world.simulator.stats().jobs_interrupted;
     if interrupted > 0 {

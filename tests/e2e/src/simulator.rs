@@ -24,7 +24,7 @@
 //! The simulator talks to the fake in-process through its [`StateHandle`]: polling a runner is then a lock, not
 //! an HTTP request, which matters with hundreds of runners on two cores.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -174,6 +174,12 @@ pub struct PodRecord {
     /// When the simulator saw the pod deleted.
     #[serde(skip)]
     pub deleted_at: Option<Instant>,
+    /// When the API server created the pod.
+    #[serde(skip)]
+    pub created: Option<Timestamp>,
+    /// The `runner` container's environment, by name (values given inline only): which template the pod ran.
+    #[serde(skip)]
+    pub runner_env: BTreeMap<String, String>,
 }
 
 /// Counts over everything the simulator has seen, for assertions and the demo.
@@ -206,6 +212,10 @@ struct Book {
     served: BTreeMap<i64, Vec<String>>,
     jobs_finished: usize,
     jobs_interrupted: usize,
+    /// Pods a test deletes on purpose (a drain, an eviction): a job their runner was running is expected to fail.
+    deletions_expected: HashSet<String>,
+    /// Jobs failed because a test deleted their runner's pod on purpose.
+    jobs_interrupted_on_purpose: BTreeSet<i64>,
     problems: Vec<String>,
     /// Pod uid → the task's cancellation, while it runs.
     running: HashMap<String, CancellationToken>,
@@ -328,6 +338,17 @@ impl Simulator {
 
     /// Things that went wrong that a test should look at (an unreadable JIT config, a refused runner, a status
     /// the API server would not take).
+    /// Says that a test is about to delete pod `uid` on purpose (as a drain or an eviction would): a job its
+    /// runner is running then fails without it being counted as a controller's interruption.
+    pub fn expect_deletion(&self, uid: &str) {
+        self.shared.book().deletions_expected.insert(uid.to_owned());
+    }
+
+    /// Jobs that failed because a test deleted their runner's pod on purpose.
+    pub fn jobs_interrupted_on_purpose(&self) -> BTreeSet<i64> {
+        self.shared.book().jobs_interrupted_on_purpose.clone()
+    }
+
     pub fn problems(&self) -> Vec<String> {
         self.shared.book().problems.clone()
     }
@@ -392,6 +413,8 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
                 seen_at: Some(Instant::now()),
                 job_finished_at: None,
                 deleted_at: None,
+                created: pod.metadata.creation_timestamp.as_ref().map(|time| time.0),
+                runner_env: runner_env(&pod),
             },
         );
     }
@@ -417,6 +440,17 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
         runner.run(pod, fails_to_start, token).await;
         shared.book().running.remove(&uid);
     });
+}
+
+/// The inline environment of a pod's `runner` container.
+fn runner_env(pod: &Pod) -> BTreeMap<String, String> {
+    pod.spec
+        .iter()
+        .flat_map(|spec| &spec.containers)
+        .filter(|container| container.name == RUNNER_CONTAINER_NAME)
+        .flat_map(|container| container.env.iter().flatten())
+        .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
+        .collect()
 }
 
 fn on_delete(shared: &Shared, pod: &Pod) {
@@ -547,7 +581,13 @@ impl PodRunner {
         if let Termination::Interrupted(job) =
             self.session.terminate(&InProcess(&self.shared.fake)).await
         {
-            self.shared.book().jobs_interrupted += 1;
+            let mut book = self.shared.book();
+            if book.deletions_expected.contains(&self.uid) {
+                book.jobs_interrupted_on_purpose.insert(job);
+                return;
+            }
+            book.jobs_interrupted += 1;
+            drop(book);
             self.shared.problem(format!(
                 "pod {} was deleted while its runner ran job {job}",
                 self.name

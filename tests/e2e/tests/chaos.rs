@@ -1,6 +1,7 @@
 //! The CI-sized chaos run (`docs/reliability.md`): about 150 jobs while the manager and the listener are killed
 //! every 5 to 10 s, 5% of the fake's calls fail with a 5xx and some time out, tokens expire and sessions are
-//! dropped every 20 to 30 s, and kube-apiserver is restarted once. A test binary of its own: the restart
+//! dropped every 20 to 30 s, runner pods (busy and idle) are deleted or evicted through the API every 4 to 8 s,
+//! the runner template changes once, and kube-apiserver is restarted once. A test binary of its own: the restart
 //! disturbs everything sharing the control plane.
 //!
 //! `E2E_CHAOS_JOBS` overrides the number of jobs, `E2E_CHAOS_VERBOSE=1` prints every disruption (with
@@ -53,6 +54,19 @@ async fn chaos_loses_no_job_and_every_process_recovers_by_itself() {
         );
     }
     assert!(report.token_expiries >= 1, "{}", report.render());
+    assert!(
+        report.pods_deleted >= 1 && report.pods_evicted >= 1,
+        "{}",
+        report.render()
+    );
+    assert_eq!(report.template_changes, 1, "{}", report.render());
+    assert!(
+        report.pods_after_template_change >= 1,
+        "{}",
+        report.render()
+    );
+    assert_eq!(report.pods_on_old_template, 0, "{}", report.render());
+    assert_eq!(report.jit_config_reuses, 0, "{}", report.render());
     assert!(report.session_drops >= 1, "{}", report.render());
     let measured = |kind: &str| report.recovery.get(kind).map_or(0, |s| s.count);
     assert!(

@@ -265,6 +265,9 @@ pub struct StateSnapshot {
     pub runners: Vec<RunnerView>,
     /// Every job ever enqueued.
     pub jobs: Vec<JobView>,
+    /// Runner reports refused because their JIT config had been used by another runner process before.
+    #[serde(default)]
+    pub jit_config_reuses: u64,
 }
 
 /// Requests received per endpoint name (see `routes::ENDPOINT_NAMES`), injected faults included.

@@ -4,7 +4,7 @@
 //! Methods take parsed inputs and return wire types or a [`Rejection`]; the HTTP layer only extracts inputs
 //! and encodes outputs. Times are milliseconds since the Unix epoch from a [`Clock`], so tests can move time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -209,6 +209,10 @@ pub struct State {
     runners: BTreeMap<i64, RunnerRec>,
     jobs: BTreeMap<i64, JobRec>,
     jit_configs: HashMap<String, i64>,
+    /// JIT configs a runner has reported online with: the service takes each once.
+    used_jit_configs: HashSet<String>,
+    /// Reports refused because their JIT config had been used before.
+    jit_config_reuses: u64,
     registration_tokens: HashMap<String, (String, i64)>,
     installation_tokens: HashMap<String, i64>,
     admin_tokens: HashMap<String, (i64, i64)>,
@@ -263,6 +267,8 @@ impl State {
             runners: BTreeMap::new(),
             jobs: BTreeMap::new(),
             jit_configs: HashMap::new(),
+            used_jit_configs: HashSet::new(),
+            jit_config_reuses: 0,
             registration_tokens: HashMap::new(),
             installation_tokens: HashMap::new(),
             admin_tokens: HashMap::new(),
@@ -1749,6 +1755,17 @@ impl State {
                 format!("the JIT config of runner {id} is already in use"),
             ));
         }
+        if let Some(jit) = selector.jit_config.as_deref()
+            && !self.used_jit_configs.insert(jit.to_owned())
+        {
+            // A runner started again with a config another runner process consumed (a pod re-created from the
+            // same JIT Secret): the service refuses it, and tests count it as a controller bug.
+            self.jit_config_reuses += 1;
+            return Err(Rejection::new(
+                409,
+                format!("the JIT config of runner {id} was already used"),
+            ));
+        }
         runner.online = true;
         let scale_set = runner.scale_set;
         self.dispatch(scale_set);
@@ -1989,6 +2006,7 @@ impl State {
                 .keys()
                 .filter_map(|id| self.job_view(*id).ok())
                 .collect(),
+            jit_config_reuses: self.jit_config_reuses,
         }
     }
 }

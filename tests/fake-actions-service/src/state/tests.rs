@@ -445,6 +445,11 @@ fn jit_config_is_single_use() {
     assert!(state.mark_runner_online(&selector).unwrap().online);
     assert_eq!(state.mark_runner_online(&selector).unwrap_err().status, 409);
     state.mark_runner_offline(jit.runner.id).unwrap();
+    // A second runner process with the same config (a pod re-created from the same Secret) is refused and
+    // counted, even though the first one went offline.
+    assert_eq!(state.jit_config_reuses, 0);
+    assert_eq!(state.mark_runner_online(&selector).unwrap_err().status, 409);
+    assert_eq!(state.snapshot().jit_config_reuses, 1);
     state.deregister_runner(jit.runner.id).unwrap();
     assert_eq!(state.mark_runner_online(&selector).unwrap_err().status, 410);
     let decoded = BASE64.decode(&jit.encoded_jit_config).unwrap();
