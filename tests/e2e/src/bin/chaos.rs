@@ -58,6 +58,12 @@ struct Args {
     /// Mean time between two drops of every session (0: never).
     #[arg(long, default_value_t = 90.0)]
     session_drop_every_secs: f64,
+    /// Mean time between two runner pods deleted or evicted through the API (0: never).
+    #[arg(long, default_value_t = 15.0)]
+    disrupt_every_secs: f64,
+    /// Change the runner template once this many jobs are enqueued (default: 30 % of them; 0: never).
+    #[arg(long)]
+    template_change_after_jobs: Option<u32>,
     /// Restart kube-apiserver once this many jobs are enqueued (default: half of them; 0: never).
     #[arg(long)]
     api_restart_after_jobs: Option<u32>,
@@ -109,6 +115,12 @@ impl Args {
             token_lifetime: Duration::from_secs(self.token_lifetime_secs),
             token_expiry_every: around(self.token_expiry_every_secs),
             session_drop_every: around(self.session_drop_every_secs),
+            disrupt_every: around(self.disrupt_every_secs),
+            template_change_after_jobs: match self.template_change_after_jobs {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => Some(self.jobs * 3 / 10),
+            },
             api_restart_after_jobs: match self.api_restart_after_jobs {
                 Some(0) => None,
                 Some(n) => Some(n),
