@@ -86,11 +86,13 @@ pub struct Args {
     #[arg(long, default_value_t = Options::default().runner_set_parallelism)]
     pub runner_set_parallelism: usize,
 
-    /// Kubernetes client rate limit (requests per second; 0 disables). ARC's 20 throttles large scale sets.
+    /// Kubernetes client rate limit: requests per second for the WHOLE manager process, one token bucket shared by
+    /// every controller and watch (0 disables). ARC's flag of the same name sets a limit per client-go client, and
+    /// ARC builds several, so ARC at 20 was seen making about 40 requests/s: to copy an ARC setting, double it.
     #[arg(long, alias = "kube-api-qps", default_value_t = 200.0)]
     pub k8s_client_rate_limiter_qps: f64,
 
-    /// Kubernetes client burst.
+    /// Kubernetes client burst (of the one process-wide bucket, see the QPS flag).
     #[arg(long, alias = "kube-api-burst", default_value_t = 500)]
     pub k8s_client_rate_limiter_burst: u32,
 
