@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 
 use common::Env;
 use crds::EphemeralRunner;
-use fake_actions_service::{EnqueueJobs, RunnerSelector};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Event, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -44,49 +43,12 @@ async fn one_idle_runner(env: &Env) -> (String, String, i64, Vec<u8>) {
     (name, uid, id, token)
 }
 
-/// Gives registered runner `runner_id` a job in the fake, as the service would, and reports it on the runner
-/// as the listener would. Returns the job id.
+/// Gives registered runner `runner_id` a job in the fake and reports it on the runner, as the service and the
+/// listener would. Returns the job's request id.
 async fn give_job(env: &Env, name: &str, runner_id: i64) -> i64 {
-    let state = env.fake.state();
-    state
-        .mark_runner_online(&RunnerSelector {
-            runner_id: Some(runner_id),
-            jit_config: None,
-        })
-        .expect("runner online");
-    let session = env
-        .actions
-        .create_message_session(env.scale_set_id, "test-listener")
-        .await
-        .expect("message session");
-    let ids = state
-        .enqueue_jobs(&EnqueueJobs {
-            scale_set_id: Some(env.scale_set_id),
-            count: 1,
-            ..EnqueueJobs::default()
-        })
-        .expect("enqueue a job");
-    env.actions
-        .acquire_jobs(env.scale_set_id, &session.message_queue_access_token, &ids)
-        .await
-        .expect("acquire the job");
-    assert_eq!(state.job(ids[0]).expect("job").runner_id, Some(runner_id));
-    env.runners_api()
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": {
-                "jobRequestId": ids[0],
-                "jobId": format!("job-{}", ids[0]),
-                "jobRepositoryName": "org/repo",
-                "jobWorkflowRef": "org/repo/.github/workflows/ci.yml@refs/heads/main",
-                "workflowRunId": 9001,
-                "jobDisplayName": "build",
-            } })),
-        )
-        .await
-        .expect("report the job");
-    ids[0]
+    let job = env.assign_job(runner_id).await;
+    env.report_job(name, &format!("job-{job}")).await;
+    job
 }
 
 /// Reasons of the Events about runner `name`.

@@ -8,67 +8,12 @@ use std::time::Duration;
 
 use common::{Env, registered_runners};
 use crds::EphemeralRunner;
-use fake_actions_service::{EnqueueJobs, RunnerSelector};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 fn runner_id(runner: &EphemeralRunner) -> i64 {
     runner.status.as_ref().map_or(0, |status| status.runner_id)
-}
-
-/// Gives the runner registered as `runner_id` a job in the fake: the runner comes online, a job is enqueued and
-/// acquired by a message session, and the fake assigns it to the idle runner. Returns the job's request id.
-async fn assign_job(env: &Env, runner_id: i64) -> i64 {
-    let state = env.fake.state();
-    state
-        .mark_runner_online(&RunnerSelector {
-            runner_id: Some(runner_id),
-            jit_config: None,
-        })
-        .expect("runner online");
-    let session = env
-        .actions
-        .create_message_session(env.scale_set_id, "test-listener")
-        .await
-        .expect("message session");
-    let ids = state
-        .enqueue_jobs(&EnqueueJobs {
-            scale_set_id: Some(env.scale_set_id),
-            count: 1,
-            ..EnqueueJobs::default()
-        })
-        .expect("enqueue a job");
-    env.actions
-        .acquire_jobs(env.scale_set_id, &session.message_queue_access_token, &ids)
-        .await
-        .expect("acquire the job");
-    let job = state.job(ids[0]).expect("job");
-    assert_eq!(
-        job.runner_id,
-        Some(runner_id),
-        "the fake gave the job to the runner: {job:?}"
-    );
-    ids[0]
-}
-
-/// What the listener writes on the runner when a job starts.
-async fn report_job(env: &Env, runner: &str, job_id: &str) {
-    env.runners_api()
-        .patch_status(
-            runner,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": {
-                "jobRequestId": 42,
-                "jobId": job_id,
-                "jobRepositoryName": "org/repo",
-                "jobWorkflowRef": "org/repo/.github/workflows/ci.yml@refs/heads/main",
-                "workflowRunId": 9001,
-                "jobDisplayName": "build",
-            } })),
-        )
-        .await
-        .expect("report the job");
 }
 
 #[tokio::test]
@@ -263,7 +208,7 @@ async fn a_runner_busy_on_removal_is_requeued_until_its_job_ends() {
         .await;
     let name = runner.name_any();
     env.run_pod(&name).await;
-    let job = assign_job(&env, runner_id(&runner)).await;
+    let job = env.assign_job(runner_id(&runner)).await;
     env.runners_api()
         .delete(&name, &DeleteParams::default())
         .await
@@ -356,7 +301,7 @@ async fn job_metadata_appears_on_the_pod() {
         })
         .await;
     env.run_pod(&name).await;
-    report_job(&env, &name, "job-7f3a").await;
+    env.report_job(&name, "job-7f3a").await;
     let pod = env
         .eventually("job labels on the pod", || async {
             let pod = env.pods_api().get(&name).await.ok()?;
@@ -399,9 +344,9 @@ async fn deleting_a_set_keeps_busy_runners_until_their_jobs_end() {
     }
     let busy = &runners[0];
     let busy_name = busy.name_any();
-    let job = assign_job(&env, runner_id(busy)).await;
+    let job = env.assign_job(runner_id(busy)).await;
     env.fake.state().start_job(job).expect("start the job");
-    report_job(&env, &busy_name, "job-1").await;
+    env.report_job(&busy_name, "job-1").await;
 
     env.sets()
         .delete("arc", &DeleteParams::default())

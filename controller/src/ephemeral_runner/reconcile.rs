@@ -585,31 +585,47 @@ impl<'a> Step<'a> {
             .map_or(0, |found| found.id))
     }
 
-    /// The pod of the config in the Secret is gone (the API server says so): that config may have been used, so
-    /// it goes with its registration, unless the service says the runner holds a job.
-    async fn discard_config(&self, identity: Option<&JitIdentity>) -> Result<Removal> {
+    /// Removes the runner's registration now (`identity`, else found by name) unless the service says the runner
+    /// holds a job; returns what happened and the registration's id.
+    async fn deregister_idle(&self, identity: Option<&JitIdentity>) -> Result<(Removal, i64)> {
         let actions = self.actions().await?;
         let runner_id = self.registration_id(&actions, identity).await?;
         if runner_id != 0 && actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
-            return Ok(Removal::JobStillRunning);
+            return Ok((Removal::JobStillRunning, runner_id));
+        }
+        Ok((Removal::Removed, runner_id))
+    }
+
+    /// An idle runner's pod was taken away and its registration removed: a Normal Event and the disruption metric
+    /// (not a failure).
+    async fn report_pod_taken(&self, runner_id: i64, how: &str) {
+        self.event(
+            EventType::Normal,
+            POD_DELETED_EVENT,
+            "RecreatePod",
+            format!(
+                "the pod of idle runner {runner_id} {how}; its registration was removed and a new pod follows with \
+                 a fresh one"
+            ),
+        )
+        .await;
+        self.ctx
+            .metrics
+            .pod_disruptions
+            .get_or_create(&self.reason_labels("pod_deleted"))
+            .inc();
+    }
+
+    /// The pod of the config in the Secret is gone (the API server says so): that config may have been used, so
+    /// it goes with its registration, unless the service says the runner holds a job.
+    async fn discard_config(&self, identity: Option<&JitIdentity>) -> Result<Removal> {
+        let (removal, runner_id) = self.deregister_idle(identity).await?;
+        if removal == Removal::JobStillRunning {
+            return Ok(removal);
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
         if self.status().runner_id != 0 {
-            self.event(
-                EventType::Normal,
-                POD_DELETED_EVENT,
-                "RecreatePod",
-                format!(
-                    "the pod of idle runner {runner_id} is gone; its registration was removed and a new pod follows \
-                     with a fresh one"
-                ),
-            )
-            .await;
-            self.ctx
-                .metrics
-                .pod_disruptions
-                .get_or_create(&self.reason_labels("pod_deleted"))
-                .inc();
+            self.report_pod_taken(runner_id, "is gone").await;
         }
         Ok(Removal::Removed)
     }
@@ -618,10 +634,9 @@ impl<'a> Step<'a> {
     /// registration goes now, so the service gives it no job in its last seconds; a new pod follows once this one
     /// is gone. Not counted as a failure.
     async fn release_idle(&self, identity: Option<&JitIdentity>) -> Result<Removal> {
-        let actions = self.actions().await?;
-        let runner_id = self.registration_id(&actions, identity).await?;
-        if runner_id != 0 && actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
-            return Ok(Removal::JobStillRunning);
+        let (removal, runner_id) = self.deregister_idle(identity).await?;
+        if removal == Removal::JobStillRunning {
+            return Ok(removal);
         }
         let mut patch = StatusPatch {
             ready: Some(false),
@@ -633,21 +648,7 @@ impl<'a> Step<'a> {
             "the runner pod is being deleted; a new pod follows once it is gone".to_owned(),
         );
         self.patch_status(&patch).await?;
-        self.event(
-            EventType::Normal,
-            POD_DELETED_EVENT,
-            "RecreatePod",
-            format!(
-                "the pod of idle runner {runner_id} is being deleted; its registration was removed and a new pod \
-                 follows once it is gone"
-            ),
-        )
-        .await;
-        self.ctx
-            .metrics
-            .pod_disruptions
-            .get_or_create(&self.reason_labels("pod_deleted"))
-            .inc();
+        self.report_pod_taken(runner_id, "is being deleted").await;
         Ok(Removal::Removed)
     }
 

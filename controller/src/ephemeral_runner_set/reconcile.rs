@@ -401,29 +401,12 @@ impl<'a> SetStep<'a> {
             if batch.is_empty() {
                 break;
             }
-            let outcomes: Vec<(String, Result<bool>)> = stream::iter(batch.into_iter().cloned())
-                .map(|runner: Arc<EphemeralRunner>| {
-                    let actions = actions.clone();
-                    async move {
-                        (
-                            runner.name_any(),
-                            self.deregister_and_delete(&runner, actions.as_ref()).await,
-                        )
-                    }
-                })
-                .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
-                .collect()
+            let (gone, failed) = self
+                .deregister_and_delete_all(batch, actions.as_ref())
                 .await;
-            for (name, outcome) in outcomes {
-                match outcome {
-                    Ok(true) => {
-                        needed -= 1;
-                        removed.push(name);
-                    }
-                    Ok(false) => {}
-                    Err(error) => errors.push(error),
-                }
-            }
+            needed -= gone.len();
+            removed.extend(gone);
+            errors.extend(failed);
         }
         self.ctx
             .metrics
@@ -448,28 +431,9 @@ impl<'a> SetStep<'a> {
             return Ok(false);
         }
         let actions = self.actions().await?;
-        let outcomes: Vec<(String, Result<bool>)> = stream::iter(stale.into_iter().cloned())
-            .map(|runner: Arc<EphemeralRunner>| {
-                let actions = actions.clone();
-                async move {
-                    (
-                        runner.name_any(),
-                        self.deregister_and_delete(&runner, actions.as_ref()).await,
-                    )
-                }
-            })
-            .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
-            .collect()
+        let (removed, errors) = self
+            .deregister_and_delete_all(stale, actions.as_ref())
             .await;
-        let mut removed = Vec::new();
-        let mut errors = Vec::new();
-        for (name, outcome) in outcomes {
-            match outcome {
-                Ok(true) => removed.push(name),
-                Ok(false) => {}
-                Err(error) => errors.push(error),
-            }
-        }
         if !removed.is_empty() {
             tracing::info!(
                 replaced = removed.len(),
@@ -496,6 +460,38 @@ impl<'a> SetStep<'a> {
             }
             Err(error) => Err(error),
         }
+    }
+
+    /// [`Self::deregister_and_delete`] for each of `runners`, in parallel (bounded); returns the names of those
+    /// removed and the errors met. Runners the service reports busy are in neither.
+    async fn deregister_and_delete_all(
+        &self,
+        runners: Vec<&Arc<EphemeralRunner>>,
+        actions: Option<&Actions>,
+    ) -> (Vec<String>, Vec<Error>) {
+        let outcomes: Vec<(String, Result<bool>)> = stream::iter(runners.into_iter().cloned())
+            .map(|runner: Arc<EphemeralRunner>| {
+                let actions = actions.cloned();
+                async move {
+                    (
+                        runner.name_any(),
+                        self.deregister_and_delete(&runner, actions.as_ref()).await,
+                    )
+                }
+            })
+            .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
+            .collect()
+            .await;
+        let mut removed = Vec::new();
+        let mut errors = Vec::new();
+        for (name, outcome) in outcomes {
+            match outcome {
+                Ok(true) => removed.push(name),
+                Ok(false) => {}
+                Err(error) => errors.push(error),
+            }
+        }
+        (removed, errors)
     }
 
     /// Deregisters a runner, then deletes it; `false` when the service says it is busy (kept).
@@ -574,15 +570,8 @@ impl<'a> SetStep<'a> {
             return Ok(false);
         }
         let actions = self.actions().await?;
-        let outcomes: Vec<Result<bool>> = stream::iter(idle.into_iter().cloned())
-            .map(|runner: Arc<EphemeralRunner>| {
-                let actions = actions.clone();
-                async move { self.deregister_and_delete(&runner, actions.as_ref()).await }
-            })
-            .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
-            .collect()
-            .await;
-        collect_errors(outcomes.into_iter().filter_map(Result::err).collect())?;
+        let (_, errors) = self.deregister_and_delete_all(idle, actions.as_ref()).await;
+        collect_errors(errors)?;
         Ok(false)
     }
 

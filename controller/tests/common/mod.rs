@@ -12,7 +12,7 @@ use actions_client::{
 };
 use controller::{Manager, Options};
 use crds::{EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetSpec, EphemeralRunnerSpec};
-use fake_actions_service::FakeActionsService;
+use fake_actions_service::{EnqueueJobs, FakeActionsService, RunnerSelector};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -328,6 +328,60 @@ impl Env {
             )
             .await
             .expect("end the pod");
+    }
+
+    /// Gives the runner registered as `runner_id` a job in the fake: the runner comes online, a job is enqueued and
+    /// acquired by a message session, and the fake assigns it to the idle runner. Returns the job's request id.
+    pub async fn assign_job(&self, runner_id: i64) -> i64 {
+        let state = self.fake.state();
+        state
+            .mark_runner_online(&RunnerSelector {
+                runner_id: Some(runner_id),
+                jit_config: None,
+            })
+            .expect("runner online");
+        let session = self
+            .actions
+            .create_message_session(self.scale_set_id, "test-listener")
+            .await
+            .expect("message session");
+        let ids = state
+            .enqueue_jobs(&EnqueueJobs {
+                scale_set_id: Some(self.scale_set_id),
+                count: 1,
+                ..EnqueueJobs::default()
+            })
+            .expect("enqueue a job");
+        self.actions
+            .acquire_jobs(self.scale_set_id, &session.message_queue_access_token, &ids)
+            .await
+            .expect("acquire the job");
+        let job = state.job(ids[0]).expect("job");
+        assert_eq!(
+            job.runner_id,
+            Some(runner_id),
+            "the fake gave the job to the runner: {job:?}"
+        );
+        ids[0]
+    }
+
+    /// What the listener writes on the runner when a job starts.
+    pub async fn report_job(&self, runner: &str, job_id: &str) {
+        self.runners_api()
+            .patch_status(
+                runner,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": {
+                    "jobRequestId": 42,
+                    "jobId": job_id,
+                    "jobRepositoryName": "org/repo",
+                    "jobWorkflowRef": "org/repo/.github/workflows/ci.yml@refs/heads/main",
+                    "workflowRunId": 9001,
+                    "jobDisplayName": "build",
+                } })),
+            )
+            .await
+            .expect("report the job");
     }
 
     /// Runner pods, by name, with their uids.
