@@ -377,3 +377,69 @@ async fn a_restarted_listeners_patch_id_equal_to_an_old_one_still_scales() {
     .await;
     manager.stop().await;
 }
+
+/// An idle runner whose pod is deleted but stays `Terminating` (a lost node: nothing stops it; here a finalizer
+/// holds it) is released at once and, past the pod's deletion deadline, gives up its place so the set replaces
+/// it: capacity never waits on a pod no kubelet will remove.
+#[tokio::test]
+async fn a_pod_stuck_terminating_does_not_hold_the_runners_place() {
+    let env = Env::new("lc-stuck").await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+    let (name, _, old_id, _) = one_idle_runner(&env).await;
+    env.pods_api()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": ["test.arc-rs.dev/hold"] } })),
+        )
+        .await
+        .expect("hold the pod");
+    env.pods_api()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the pod");
+
+    env.eventually("the idle runner released at once", || async {
+        let runner = env.runners_api().get(&name).await.ok()?;
+        let status = runner.status?;
+        let released = status.reason == "PodDeleted"
+            && status.runner_id == 0
+            && !env
+                .fake
+                .state()
+                .snapshot()
+                .runners
+                .iter()
+                .any(|runner| runner.id == old_id);
+        released.then_some(())
+    })
+    .await;
+    let replacement = env
+        .eventually("a replacement runner with a pod", || async {
+            let runners = env.runners().await;
+            let old_going = runners.iter().all(|runner| {
+                runner.name_any() != name || runner.metadata.deletion_timestamp.is_some()
+            });
+            let pods = env.pod_uids().await;
+            let other = pods.into_iter().find(|(pod, _)| *pod != name)?;
+            old_going.then_some(other.0)
+        })
+        .await;
+    assert_ne!(replacement, name);
+    assert!(
+        event_reasons(&env, &name)
+            .await
+            .contains("RunnerPodStuckTerminating")
+    );
+    // Let the held pod go.
+    env.pods_api()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .expect("release the pod");
+    manager.stop().await;
+}
