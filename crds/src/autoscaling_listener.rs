@@ -1,6 +1,7 @@
 //! `AutoscalingListener`: created by the AutoscalingRunnerSet controller (never by users) to run one listener pod.
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -107,6 +108,111 @@ pub struct AutoscalingListenerSpec {
     pub role_binding_metadata: Option<ResourceMeta>,
 }
 
-/// The listener has no observed state; the status is an empty object.
+/// Observed state (not in ARC, whose status is an empty object; every field is optional, so objects ARC wrote stay
+/// valid). Two writers own disjoint fields: the listener process reports its view of the Actions Service
+/// (`sessionHeld` to `statistics`, under its own field manager, on changes and at a bounded rate), and the
+/// AutoscalingListener controller reports the listener pod's failures (`podFailures`). The AutoscalingRunnerSet
+/// controller turns both into the set's `ListenerReady` condition.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingListenerStatus {
+    /// Whether the listener holds the scale set's message session (only the holder is offered jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_held: Option<bool>,
+    /// Since when `sessionHeld` has had its current value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_since: Option<Time>,
+    /// When a long poll of the message queue (or a session creation) last succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_poll_time: Option<Time>,
+    /// How old `lastPollTime` can grow while the listener works: its longest long poll plus its report interval.
+    /// Older means it stopped polling (hung, or unable to report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0), transform = crate::schema::go_int)]
+    pub poll_stale_after_seconds: Option<i64>,
+    /// The last error of the message loop. It is current while its `time` is later than `lastPollTime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<ListenerError>,
+    /// The runner count the listener last asked the EphemeralRunnerSet for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::go_int)]
+    pub desired_runners: Option<i64>,
+    /// The scale set's statistics, as of the last message or session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statistics: Option<ListenerStatistics>,
+    /// Written by the controller: consecutive failures of the listener pod, while it keeps failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_failures: Option<ListenerPodFailures>,
+}
+
+/// An error of the listener's message loop, without secrets.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-pub struct AutoscalingListenerStatus {}
+#[serde(rename_all = "camelCase")]
+pub struct ListenerError {
+    /// A fixed word: `SessionConflict`, `CredentialsRejected`, `PermissionDenied`, `ScaleSetNotFound`,
+    /// `ServiceUnreachable`, `SessionLost`, `TlsCertificateRejected`, `RunnerSetNotFound`, `KubernetesForbidden`,
+    /// `KubernetesError` or `ServiceError`.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::no_default)]
+    pub category: String,
+    /// What failed, as the listener logged it (truncated).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When it happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+}
+
+/// The scale set's statistics as the Actions Service reports them to the listener.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerStatistics {
+    /// Jobs waiting for a runner of the scale set.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub total_available_jobs: i64,
+    /// Jobs the listener acquired.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub total_acquired_jobs: i64,
+    /// Jobs assigned to the scale set (what scaling follows).
+    #[serde(default)]
+    #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub total_assigned_jobs: i64,
+    /// Jobs running.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub total_running_jobs: i64,
+    /// Runners registered.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub total_registered_runners: i64,
+    /// Runners running a job.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub total_busy_runners: i64,
+    /// Runners waiting for a job.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub total_idle_runners: i64,
+}
+
+/// Consecutive failures of the listener pod (it exited or was evicted), recorded by the controller, which
+/// recreates the pod with a growing delay.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerPodFailures {
+    /// Failures in a row.
+    #[serde(default)]
+    #[schemars(range(min = 0), transform = crate::schema::go_int, transform = crate::schema::no_default)]
+    pub count: i64,
+    /// How the last pod ended (exit code, reason).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last: String,
+    /// When the last failure was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+    /// The earliest time the next pod is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_time: Option<Time>,
+}

@@ -31,7 +31,10 @@ use crate::common::{MetricsConfig, ProxyConfig, ResourceMeta, TlsConfig, VaultCo
     // The next two point at status fields that do not exist (ARC's CRD has the same columns); kept so `kubectl
     // get` prints the same table as with ARC.
     printcolumn(name = "Finished Runners", type_ = "integer", json_path = ".status.finishedEphemeralRunners"),
-    printcolumn(name = "Deleting Runners", type_ = "integer", json_path = ".status.deletingEphemeralRunners")
+    printcolumn(name = "Deleting Runners", type_ = "integer", json_path = ".status.deletingEphemeralRunners"),
+    // Not in ARC (appended, so ARC's columns keep their places): whether jobs reach runners of this set, i.e.
+    // the `Ready` condition (scale set found, listener holding its session, runners able to start).
+    printcolumn(name = "Served", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AutoscalingRunnerSetSpec {

@@ -113,6 +113,11 @@ pub const RUNNER_CONTAINER_NAME: &str = "runner";
 pub const LISTENER_CONTAINER_NAME: &str = "listener";
 /// Environment variable of the runner container that enables container hooks.
 pub const CONTAINER_HOOKS_ENV: &str = "ACTIONS_RUNNER_CONTAINER_HOOKS";
+/// Not in ARC: environment variable of the listener container naming its AutoscalingListener, whose status the
+/// listener reports to. Without it (and [`LISTENER_NAMESPACE_ENV`]) the listener reports nothing.
+pub const LISTENER_NAME_ENV: &str = "AUTOSCALING_LISTENER_NAME";
+/// Not in ARC: environment variable of the listener container with its AutoscalingListener's namespace.
+pub const LISTENER_NAMESPACE_ENV: &str = "AUTOSCALING_LISTENER_NAMESPACE";
 
 /// Values of `status.phase` (docs/reference/controllers.md, "Status phases"). ARS: Pending, Running, Outdated.
 /// ERS: Running, Outdated. ER: empty, Pending, Running, Succeeded, Failed, Outdated (Pending/Running/Succeeded/Failed

@@ -22,7 +22,8 @@ mod error;
 mod render;
 
 pub use autoscaling_listener::{
-    AutoscalingListener, AutoscalingListenerSpec, AutoscalingListenerStatus,
+    AutoscalingListener, AutoscalingListenerSpec, AutoscalingListenerStatus, ListenerError,
+    ListenerPodFailures, ListenerStatistics,
 };
 pub use autoscaling_runner_set::{
     AutoscalingRunnerSet, AutoscalingRunnerSetSpec, AutoscalingRunnerSetStatus,

@@ -69,6 +69,13 @@ pub fn listener_proxy_secret_name(listener_name: &str) -> String {
     format!("{listener_name}-proxy")
 }
 
+/// Not in ARC: name of the Role and RoleBinding (in the controller namespace) that let a listener write its
+/// AutoscalingListener's status: `<AL name>-status`. The listener's other Role, in the scale set's namespace, has
+/// the AL's own name, so the two never collide when both namespaces are the same.
+pub fn listener_status_role_name(listener_name: &str) -> String {
+    format!("{listener_name}-status")
+}
+
 /// Name of the EphemeralRunnerSet of an ARS: the ARS name (one-to-one).
 pub fn ephemeral_runner_set_name(ars_name: &str) -> &str {
     ars_name

@@ -196,6 +196,12 @@ fn printer_columns_match_arc_in_order() {
                 "integer",
                 ".status.deletingEphemeralRunners"
             ),
+            // Not in ARC: appended after ARC's columns.
+            (
+                "Served",
+                "string",
+                ".status.conditions[?(@.type==\"Ready\")].status"
+            ),
         ])
     );
     assert_eq!(
@@ -454,7 +460,10 @@ fn required_fields_match_arc() {
     }
     let al = root_schema("AutoscalingListener");
     assert_eq!(required(&al, "spec"), Vec::<String>::new());
-    assert_eq!(property_names(at(&al, "status")), BTreeSet::new());
+    // ARC's status is an empty object; ours only adds optional fields, so an empty status stays valid.
+    assert_eq!(required(&al, "status"), Vec::<String>::new());
+    assert_eq!(required(&al, "status.lastError"), Vec::<String>::new());
+    assert_eq!(required(&al, "status.podFailures"), Vec::<String>::new());
     // Every kind requires `spec` at the root (kube's derive does; ARC's Go clients always send it).
     for kind in KINDS {
         assert_eq!(required(&root_schema(kind), ""), ["spec"], "{kind}");

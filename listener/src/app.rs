@@ -14,6 +14,7 @@ use crate::health::Health;
 use crate::listener::{MessageLoop, ScaleSet, Settings};
 use crate::metrics::{Metrics, ScaleSetIdentity};
 use crate::server::{BoundServer, Routes};
+use crate::status::{Publisher, Timing};
 use crate::target::KubeTarget;
 
 /// Subsystem name in the User-Agent, as ARC's listener sends it.
@@ -22,6 +23,8 @@ const SUBSYSTEM: &str = "ghalistener";
 /// A listener whose servers are bound and whose clients are built, ready to run.
 pub struct Listener {
     message_loop: MessageLoop<KubeTarget>,
+    /// Writes the loop's reports into the AutoscalingListener's status, when the environment names it.
+    publisher: Option<Publisher>,
     servers: Vec<BoundServer>,
     metrics_addr: Option<SocketAddr>,
     health_addr: Option<SocketAddr>,
@@ -110,6 +113,15 @@ impl Listener {
             min_runners: config.min_runners,
             max_runners,
         };
+        let publisher = config.status_target.as_ref().map(|target| {
+            Publisher::new(
+                kube.clone(),
+                target,
+                Timing::with_heartbeat(settings.status_heartbeat),
+                settings.poll_stale_after(),
+                settings.close_timeout,
+            )
+        });
         let target = KubeTarget::new(
             kube,
             &config.ephemeral_runner_set_namespace,
@@ -118,6 +130,7 @@ impl Listener {
         let message_loop = MessageLoop::new(scale_set, settings, target, metrics, health)?;
         Ok(Self {
             message_loop,
+            publisher,
             servers,
             metrics_addr,
             health_addr,
@@ -143,6 +156,10 @@ impl Listener {
         for server in self.servers {
             servers.spawn(server.serve(server_token.clone()));
         }
+        // The publisher stops by itself once the loop has ended and its last report is written.
+        let publisher = self
+            .publisher
+            .map(|publisher| tokio::spawn(publisher.run(self.message_loop.status())));
         let message_loop = self.message_loop.run(loop_token.clone());
         tokio::pin!(message_loop);
         let mut server_error = None;
@@ -159,6 +176,10 @@ impl Listener {
                 }
             }
         };
+        if let Some(publisher) = publisher {
+            // A panic in it is already logged by tokio; it has nothing else to report.
+            let _ = publisher.await;
+        }
         server_token.cancel();
         while let Some(joined) = servers.join_next().await {
             if let Ok(Err(error)) = joined {

@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 use actions_client::{Credentials, GitHubAppCredentials, GitHubConfig, SecretString};
+use crds::constants::{LISTENER_NAME_ENV, LISTENER_NAMESPACE_ENV};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -77,6 +78,19 @@ pub struct Config {
     /// all" from "incomplete credentials").
     #[serde(skip)]
     pub credential_keys_present: bool,
+    /// Not in the file (nor in ARC): the AutoscalingListener whose status the listener reports to, from the
+    /// environment ([`Config::from_env`]). `None`: nothing is reported.
+    #[serde(skip)]
+    pub status_target: Option<StatusTarget>,
+}
+
+/// The AutoscalingListener the listener reports its state to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusTarget {
+    /// Its namespace (the controller namespace).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
 }
 
 /// `azure_key_vault` settings.
@@ -218,6 +232,8 @@ pub enum ConfigProblem {
     },
     /// `max_runners` is outside 0..=2147483647.
     MaxRunnersOutOfRange(i64),
+    /// Only one of the two environment variables naming the AutoscalingListener is set.
+    IncompleteStatusTarget,
 }
 
 impl fmt::Display for ConfigProblem {
@@ -288,6 +304,11 @@ impl fmt::Display for ConfigProblem {
                 f,
                 "max_runners ({max}) must be between 0 and {MAX_RUNNERS_LIMIT}"
             ),
+            Self::IncompleteStatusTarget => write!(
+                f,
+                "{LISTENER_NAME_ENV} and {LISTENER_NAMESPACE_ENV} must be set together (they name the \
+                 AutoscalingListener the listener reports to)"
+            ),
         }
     }
 }
@@ -328,11 +349,28 @@ fn invalid(problem: ConfigProblem) -> Error {
     Error::ValidateConfig(problem)
 }
 
+/// The AutoscalingListener named by the two environment variables: both or neither (ARC's controller sets
+/// neither; a listener it runs then reports nothing).
+pub fn status_target(
+    name: Option<String>,
+    namespace: Option<String>,
+) -> Result<Option<StatusTarget>> {
+    match (name, namespace) {
+        (Some(name), Some(namespace)) => Ok(Some(StatusTarget { namespace, name })),
+        (None, None) => Ok(None),
+        _ => Err(invalid(ConfigProblem::IncompleteStatusTarget)),
+    }
+}
+
 impl Config {
-    /// Reads `LISTENER_CONFIG_PATH`, then the file, then validates it.
+    /// Reads `LISTENER_CONFIG_PATH`, then the file, then validates it; then the AutoscalingListener to report
+    /// to, from `AUTOSCALING_LISTENER_NAME` and `AUTOSCALING_LISTENER_NAMESPACE`.
     pub fn from_env() -> Result<Self> {
         let path = std::env::var_os(CONFIG_PATH_ENV).ok_or(Error::ConfigPathUnset)?;
-        Self::load(Path::new(&path))
+        let mut config = Self::load(Path::new(&path))?;
+        let var = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+        config.status_target = status_target(var(LISTENER_NAME_ENV), var(LISTENER_NAMESPACE_ENV))?;
+        Ok(config)
     }
 
     /// Reads and validates the file at `path`.
@@ -720,6 +758,7 @@ impl fmt::Debug for Config {
             .field("metrics_endpoint", &self.metrics_endpoint)
             .field("metrics", &self.metrics)
             .field("health_addr", &self.health_addr)
+            .field("status_target", &self.status_target)
             .finish()
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! * [`config`]: the JSON config file and its validation.
 //! * [`scaling`] and [`backoff`]: the pure decisions (desired replicas, patch IDs) and the retry schedules.
-//! * [`listener`]: the message loop; [`target`]: the Kubernetes writes.
+//! * [`listener`]: the message loop; [`target`]: the Kubernetes writes; [`status`]: what the controller is told,
+//!   in the AutoscalingListener's status.
 //! * [`metrics`], [`health`], [`server`]: observability.
 //! * [`app`]: wiring from a config to a running listener.
 
@@ -19,6 +20,7 @@ pub mod listener;
 pub mod metrics;
 pub mod scaling;
 pub mod server;
+pub mod status;
 pub mod target;
 pub mod telemetry;
 pub mod workflow;

@@ -31,6 +31,7 @@ use actions_client::{
 };
 use backon::Retryable as _;
 use futures::{StreamExt, stream};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
@@ -38,6 +39,7 @@ use crate::error::{Error, Result, Severity};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::scaling::{Scaler, runner_job_status_patch, runner_set_patch};
+use crate::status::{Report, StatusHandle};
 use crate::target::{RunnerPatched, RunnerSetTarget};
 
 /// EphemeralRunner status patches in flight at once for one message (the API server takes them in parallel; a
@@ -63,6 +65,17 @@ pub struct Settings {
     pub close_timeout: Duration,
     /// Tries of a failed EphemeralRunner status patch before it is given up.
     pub runner_patch_attempts: u32,
+    /// How often the AutoscalingListener status is rewritten when only the last poll time or the figures
+    /// changed (changes of session or errors are written at once).
+    pub status_heartbeat: Duration,
+}
+
+impl Settings {
+    /// How old the reported last poll time can grow while the listener works: the longest long poll plus the
+    /// status heartbeat. The controller judges the report stale after this (plus its own margin).
+    pub fn poll_stale_after(&self) -> Duration {
+        self.http.timeouts.long_poll_request + self.status_heartbeat
+    }
 }
 
 impl Default for Settings {
@@ -76,6 +89,7 @@ impl Default for Settings {
             http,
             close_timeout: Duration::from_secs(30),
             runner_patch_attempts: 10,
+            status_heartbeat: Duration::from_secs(30),
         }
     }
 }
@@ -133,6 +147,8 @@ pub struct MessageLoop<T> {
     /// iteration succeeds.
     transient_waits: JitteredBackoff,
     fatal_waits: JitteredBackoff,
+    /// What the controller is told (through the AutoscalingListener's status, when a publisher subscribes).
+    status: StatusHandle,
 }
 
 impl<T: RunnerSetTarget> MessageLoop<T> {
@@ -165,7 +181,13 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             fatal_failures: 0,
             transient_waits,
             fatal_waits,
+            status: StatusHandle::new(),
         })
+    }
+
+    /// The loop's reports for the controller; the channel closes when the loop ends, after its last report.
+    pub fn status(&self) -> watch::Receiver<Report> {
+        self.status.subscribe()
     }
 
     /// Runs until `shutdown` is cancelled (`Ok`) or an unrecoverable error happens; deletes the session either way.
@@ -229,6 +251,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         };
         let message = polled.map_err(Error::GetMessage)?;
         self.health.poll_completed();
+        self.status.polled();
         match message {
             // Same statistics as before; ARC does not update the desired gauge on this path.
             None => {
@@ -263,7 +286,9 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         tracing::info!(session_id = %snapshot.session_id, owner = %snapshot.owner_name, "message session created");
         self.session = Some(session);
         self.health.poll_completed();
+        self.status.session_created();
         self.latest = statistics;
+        self.status.statistics(&statistics);
         if let Some(m) = &self.metrics {
             m.record_statistics(&statistics);
         }
@@ -277,6 +302,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
     }
 
     fn record_desired(&self, desired: i64) {
+        self.status.desired(desired);
         if let Some(m) = &self.metrics {
             m.record_desired(desired);
         }
@@ -289,6 +315,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         match message.statistics {
             Some(statistics) => {
                 self.latest = statistics;
+                self.status.statistics(&statistics);
                 if let Some(m) = &self.metrics {
                     m.record_statistics(&statistics);
                 }
@@ -491,6 +518,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
     /// the short backoff: a revoked admin token, for one, is fixed by the new client built for the new session.
     async fn recover(&mut self, error: Error, shutdown: &CancellationToken) -> Result<Flow> {
         let severity = error.severity();
+        self.status.failed(&error);
         if severity == Severity::Unrecoverable {
             tracing::error!(error = %error_chain(&error), "unrecoverable error; stopping");
             return Err(error);
@@ -530,6 +558,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
     async fn drop_session(&mut self) {
         if let Some(session) = self.session.take() {
             close_quietly(&session, self.settings.close_timeout).await;
+            self.status.session_released();
         }
         self.rebuild_client = true;
     }
@@ -538,7 +567,10 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         let Some(session) = self.session.take() else {
             return;
         };
-        match tokio::time::timeout(self.settings.close_timeout, session.close()).await {
+        let closed = tokio::time::timeout(self.settings.close_timeout, session.close()).await;
+        // Whatever the service answered, this listener no longer uses the session.
+        self.status.session_released();
+        match closed {
             Ok(Ok(())) => tracing::info!("message session deleted"),
             Ok(Err(error)) => {
                 tracing::error!(error = %error, "deleting the message session failed")

@@ -551,3 +551,148 @@ async fn binary_deletes_the_session_on_sigterm_and_exits_0() {
     assert!(stdout.contains("message session deleted"), "{stdout}");
     assert!(!stdout.contains("ghp_test"), "no secret in the logs");
 }
+
+/// Beyond ARC: the listener reports its session, polls, errors and figures in its AutoscalingListener's status,
+/// at once when the verdict changes and otherwise at its heartbeat (not at every poll), and says at shutdown that
+/// it no longer holds the session.
+#[tokio::test]
+async fn reports_its_state_in_its_autoscaling_listener_status() {
+    use crds::{AutoscalingListener, AutoscalingListenerSpec};
+    use fake_actions_service::{ErrorFault, Faults};
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    use listener::config::StatusTarget;
+
+    let ctx = context("listener-status").await;
+    let fake = FakeActionsService::start(fake_config()).await.unwrap();
+    let id = create_scale_set(&fake, "linux").await;
+    let config_url = format!("{}/{ORG}", fake.base_url());
+    create_runner_set(&ctx, &config_url, id).await;
+    let listeners = ctx.api::<AutoscalingListener>();
+    listeners
+        .create(
+            &PostParams::default(),
+            &AutoscalingListener::new("linux-listener", AutoscalingListenerSpec::default()),
+        )
+        .await
+        .expect("AutoscalingListener created");
+    let mut config = Config::decode(
+        config_json(&fake, &ctx.namespace, id, 1, 10)
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("config decodes");
+    config.validate().expect("config is valid");
+    config.status_target = Some(StatusTarget {
+        namespace: ctx.namespace.clone(),
+        name: "linux-listener".to_owned(),
+    });
+    let settings = fast_settings();
+    let heartbeat = settings.status_heartbeat;
+    let listener = Listener::start(&config, ctx.client.clone(), settings)
+        .await
+        .expect("listener starts");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(listener.run(shutdown.clone()));
+    let status = || async {
+        listeners
+            .get("linux-listener")
+            .await
+            .ok()
+            .and_then(|l| l.status)
+            .unwrap_or_default()
+    };
+
+    let held = eventually_async(WAIT, || async {
+        let s = status().await;
+        s.session_held == Some(true) && s.desired_runners == Some(1)
+    })
+    .await;
+    assert!(held, "{:?}", status().await);
+    let report = status().await;
+    assert!(report.last_poll_time.is_some() && report.session_since.is_some());
+    assert!(report.statistics.is_some());
+    // The fast settings' long-poll attempt timeout (10 s) plus their heartbeat (2 s).
+    assert_eq!(report.poll_stale_after_seconds, Some(12));
+    assert!(report.pod_failures.is_none(), "the controller's field");
+    let object = listeners.get("linux-listener").await.unwrap();
+    assert!(
+        object.managed_fields().iter().any(|f| {
+            f.manager.as_deref() == Some("arc-rs/listener")
+                && f.operation.as_deref() == Some("Apply")
+                && f.subresource.as_deref() == Some("status")
+        }),
+        "{:?}",
+        object.managed_fields()
+    );
+
+    // Polls every 0.5 s, but the report is written at the heartbeat: count the writes over five heartbeats.
+    let window = heartbeat * 5;
+    let mut events = watcher(
+        listeners.clone(),
+        watcher::Config::default().fields("metadata.name=linux-listener"),
+    )
+    .boxed();
+    let deadline = tokio::time::Instant::now() + window;
+    let (mut listed, mut writes) = (false, 0);
+    while let Ok(Some(event)) = tokio::time::timeout_at(deadline, events.next()).await {
+        match event {
+            Ok(watcher::Event::InitDone) => listed = true,
+            Ok(watcher::Event::Apply(_)) if listed => writes += 1,
+            _ => {}
+        }
+    }
+    assert!((2..=6).contains(&writes), "{writes} writes in {window:?}");
+
+    // The service fails every poll: the error is reported at once, while the session is still held.
+    fake.state()
+        .set_faults(Faults {
+            errors: vec![ErrorFault {
+                endpoint: Some("get_message".into()),
+                status: 503,
+                rate: 1.0,
+                count: None,
+                retry_after_secs: None,
+            }],
+            ..Faults::default()
+        })
+        .unwrap();
+    let failing = eventually_async(WAIT, || async {
+        let s = status().await;
+        s.last_error.as_ref().is_some_and(|e| {
+            e.category == "ServiceUnreachable"
+                && e.time.as_ref().map(|t| t.0) > s.last_poll_time.as_ref().map(|t| t.0)
+        })
+    })
+    .await;
+    assert!(failing, "{:?}", status().await);
+    let report = status().await;
+    assert_eq!(report.session_held, Some(true));
+    assert!(
+        report.last_error.unwrap().message.contains("503"),
+        "the logged error"
+    );
+    fake.state().clear_faults();
+    let recovered = eventually_async(WAIT, || async {
+        let s = status().await;
+        s.last_error
+            .as_ref()
+            .and_then(|e| e.time.as_ref().map(|t| t.0))
+            < s.last_poll_time.as_ref().map(|t| t.0)
+    })
+    .await;
+    assert!(recovered, "{:?}", status().await);
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("stops promptly")
+        .expect("no panic")
+        .expect("clean stop");
+    let last = status().await;
+    assert_eq!(
+        last.session_held,
+        Some(false),
+        "released at shutdown: {last:?}"
+    );
+}

@@ -510,3 +510,20 @@ fn debug_output_hides_secrets() {
     assert!(!shown.contains("supersecret"), "{shown}");
     assert!(shown.contains("<redacted>"));
 }
+
+#[test]
+fn the_status_target_needs_both_variables() {
+    let some = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        super::status_target(some("l"), some("arc")).unwrap(),
+        Some(super::StatusTarget {
+            namespace: "arc".into(),
+            name: "l".into()
+        })
+    );
+    assert_eq!(super::status_target(None, None).unwrap(), None);
+    for (name, namespace) in [(some("l"), None), (None, some("arc"))] {
+        let err = super::status_target(name, namespace).unwrap_err();
+        assert!(err.to_string().contains("must be set together"), "{err}");
+    }
+}

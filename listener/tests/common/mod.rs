@@ -66,6 +66,7 @@ pub fn fast_settings() -> Settings {
         http: fast_http(),
         close_timeout: Duration::from_secs(5),
         runner_patch_attempts: 5,
+        status_heartbeat: Duration::from_secs(2),
     }
 }
 
