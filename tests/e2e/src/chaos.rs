@@ -1358,7 +1358,7 @@ async fn disruptions(run: &Run<'_>) {
         world
             .simulator
             .expect_deletion(&pod.uid().unwrap_or_default());
-        let evict = rng.next_u64() % 2 == 0;
+        let evict = rng.next_u64().is_multiple_of(2);
         let result = if evict {
             pods.evict(&name, &EvictParams::default()).await.map(drop)
         } else {
