@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::actions::ActionsClients;
-use crate::autoscaling_listener::{ListenerContext, ListenerHealth};
+use crate::autoscaling_listener::ListenerContext;
 use crate::autoscaling_runner_set::RunnerSetContext;
 use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
 use crate::error::{Error, Result};
@@ -141,7 +141,12 @@ impl Manager {
         // The AutoscalingRunnerSet and AutoscalingListener controllers need the controller namespace (where
         // listeners live); without it only the runner controllers run.
         let scale_set_watches = match &self.options.listener.namespace {
-            Some(namespace) => Some(ScaleSetWatches::new(namespace, &mut set_fanout)),
+            Some(namespace) => Some(ScaleSetWatches::new(
+                namespace,
+                &mut set_fanout,
+                &mut runner_fanout,
+                &mut pod_fanout,
+            )),
             None => {
                 tracing::warn!(
                     "no controller namespace (CONTROLLER_MANAGER_POD_NAMESPACE): the AutoscalingRunnerSet and \
@@ -320,6 +325,9 @@ struct ScaleSetParts {
     pods_for_runner_sets: SharedStream<Pod>,
     pods_for_listeners: SharedStream<Pod>,
     pod_deletions: mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>,
+    /// Runners and runner pods, for the `RunnersCanStart` condition.
+    runners_for_runner_sets: SharedStream<EphemeralRunner>,
+    runner_pods_for_runner_sets: SharedStream<Pod>,
 }
 
 /// Where a watch's objects go: every applied object to every subscriber, unbounded.
@@ -367,7 +375,12 @@ impl<K> Fanout<K> {
 }
 
 impl ScaleSetWatches {
-    fn new(namespace: &str, ephemeral_runner_sets: &mut Fanout<EphemeralRunnerSet>) -> Self {
+    fn new(
+        namespace: &str,
+        ephemeral_runner_sets: &mut Fanout<EphemeralRunnerSet>,
+        runners: &mut Fanout<EphemeralRunner>,
+        runner_pods: &mut Fanout<Pod>,
+    ) -> Self {
         let (runner_set_store, runner_set_writer) = reflector::store();
         let (listener_store, listener_writer) = reflector::store();
         let (pod_store, pod_writer) = reflector::store();
@@ -387,6 +400,8 @@ impl ScaleSetWatches {
             pods_for_listeners: pod_fanout.subscribe(),
             pod_store,
             pod_deletions,
+            runners_for_runner_sets: runners.subscribe(),
+            runner_pods_for_runner_sets: runner_pods.subscribe(),
         };
         Self {
             runner_set_writer,
@@ -464,20 +479,22 @@ impl ScaleSetParts {
     }
 
     async fn run(self, ctx: Arc<Context>, shutdown: &CancellationToken) {
-        let health = Arc::new(ListenerHealth::default());
         let runner_set_ctx = Arc::new(RunnerSetContext::new(
             Arc::clone(&ctx),
             self.namespace.clone(),
             self.listener_store.clone(),
             self.pod_store.clone(),
-            Arc::clone(&health),
         ));
         let listener_ctx = Arc::new(ListenerContext {
             base: Arc::clone(&ctx),
             pods: self.pod_store,
-            health,
             namespace: self.namespace,
         });
+        let blockages = autoscaling_runner_set::runners::blockage_changes(
+            self.runners_for_runner_sets,
+            self.runner_pods_for_runner_sets,
+            ctx.stores.runners.clone(),
+        );
         let rbac_namespace = ctx.options.watch_namespace.clone();
         futures::join!(
             autoscaling_runner_set::run(
@@ -487,6 +504,7 @@ impl ScaleSetParts {
                 self.ephemeral_runner_sets,
                 self.listeners_for_runner_sets,
                 self.pods_for_runner_sets,
+                blockages,
                 shutdown.clone().cancelled_owned(),
             ),
             autoscaling_listener::run(

@@ -100,6 +100,9 @@ pub struct Metrics {
     pub failed_runners: Family<ScaleSetLabels, Gauge>,
     /// `gha_controller_running_listeners` (set by the AutoscalingListener controller).
     pub running_listeners: Family<ScaleSetLabels, Gauge>,
+    /// `gha_controller_listener_session_held`: 1 while the scale set's listener holds its message session and
+    /// its polls succeed (the `ListenerReady` condition), else 0; set by the AutoscalingRunnerSet controller.
+    pub listener_session_held: Family<RunnerLabels, Gauge>,
     /// `gha_controller_runner_pod_failures_total`: counted pod failures; reason `runner_exit`,
     /// `init_container` or `pod_failed`.
     pub pod_failures: Family<RunnerReasonLabels, Counter>,
@@ -135,6 +138,7 @@ impl Metrics {
             running_runners: Family::default(),
             failed_runners: Family::default(),
             running_listeners: Family::default(),
+            listener_session_held: Family::default(),
             pod_failures: Family::default(),
             pod_disruptions: Family::default(),
             pod_rejections: Family::default(),
@@ -167,6 +171,11 @@ impl Metrics {
             "running_listeners",
             "Number of listeners in a running state.",
             metrics.running_listeners.clone(),
+        );
+        gha.register(
+            "listener_session_held",
+            "Whether the scale set's listener holds its message session and polls (1) or not (0).",
+            metrics.listener_session_held.clone(),
         );
         gha.register(
             "runner_pod_failures",

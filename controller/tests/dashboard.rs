@@ -45,6 +45,7 @@ fn manager_exposition() -> String {
     ] {
         counter.get_or_create(&reason).inc();
     }
+    metrics.listener_session_held.get_or_create(&runner).set(1);
     for counter in [
         &metrics.retries_exhausted,
         &metrics.zombie_runners,

@@ -266,6 +266,129 @@ async fn the_listener_account_can_only_patch_its_own_set_and_runner_status() {
     manager.stop().await;
 }
 
+/// Beyond ARC, the listener reports its message session in its AutoscalingListener's status: its ServiceAccount
+/// may patch that status subresource, of its own listener only, and nothing else of any listener.
+#[tokio::test]
+async fn the_listener_account_can_patch_only_its_own_listener_status() {
+    let env = Env::new("sec-al-status").await;
+    let manager = env.start(env.options());
+    env.create_runner_set("mine", env.runner_set_spec()).await;
+    env.create_runner_set("theirs", env.runner_set_spec()).await;
+    let listener_of = |set: &'static str| {
+        let env = &env;
+        async move {
+            env.eventually("the listener", || async {
+                env.listeners()
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .into_iter()
+                    .find(|l| l.spec.autoscaling_runner_set_name == set)
+                    .map(|l| l.name_any())
+            })
+            .await
+        }
+    };
+    let mine = listener_of("mine").await;
+    let theirs = listener_of("theirs").await;
+    let bindings: Api<RoleBinding> = Api::namespaced(env.client(), &env.controller_namespace);
+    for listener in [&mine, &theirs] {
+        env.eventually("the status RoleBinding", || async {
+            bindings
+                .get_opt(&format!("{listener}-status"))
+                .await
+                .unwrap()
+        })
+        .await;
+    }
+    let client = env.client();
+    let controller_ns = env.controller_namespace.as_str();
+    let status = "actions.github.com/autoscalinglisteners/status";
+    let listeners = "actions.github.com/autoscalinglisteners";
+    let user = |listener: &str| format!("system:serviceaccount:{controller_ns}:{listener}");
+    for (own, other) in [(&mine, &theirs), (&theirs, &mine)] {
+        let user = user(own);
+        let own_role = format!("{own}-status");
+        assert!(
+            can(
+                &client,
+                &user,
+                "patch",
+                status,
+                Some(controller_ns),
+                Some(own.as_str())
+            )
+            .await,
+            "{own} may report in its own status"
+        );
+        for (verb, resource, namespace, name) in [
+            ("patch", status, controller_ns, Some(other.as_str())),
+            ("update", status, controller_ns, Some(own.as_str())),
+            ("get", status, controller_ns, Some(own.as_str())),
+            ("patch", listeners, controller_ns, Some(own.as_str())),
+            ("get", listeners, controller_ns, Some(own.as_str())),
+            ("list", listeners, controller_ns, None),
+            ("delete", listeners, controller_ns, Some(own.as_str())),
+            ("create", listeners, controller_ns, None),
+            (
+                "patch",
+                status,
+                env.ctx.namespace.as_str(),
+                Some(own.as_str()),
+            ),
+            (
+                "patch",
+                "rbac.authorization.k8s.io/roles",
+                controller_ns,
+                Some(own_role.as_str()),
+            ),
+        ] {
+            assert!(
+                !can(&client, &user, verb, resource, Some(namespace), name).await,
+                "{own} may {verb} {resource} {name:?} in {namespace}"
+            );
+        }
+    }
+    manager.stop().await;
+}
+
+/// The controller chart lets the manager give each listener that right: it may create Roles and RoleBindings in
+/// its own namespace and holds the right it grants there (the API server refuses to let anyone grant more than
+/// it has).
+#[tokio::test]
+async fn the_chart_lets_the_manager_grant_listeners_their_status_right() {
+    let env = Env::new("sec-manager-grant").await;
+    let client = env.client();
+    let controller = env.controller_namespace.clone();
+    let release = format!("r-{controller}");
+    let user = install_chart_rbac(&client, &release, &controller, json!({})).await;
+    let ns = Some(controller.as_str());
+    for (verb, resource) in [
+        ("create", "rbac.authorization.k8s.io/roles"),
+        ("patch", "rbac.authorization.k8s.io/roles"),
+        ("create", "rbac.authorization.k8s.io/rolebindings"),
+        ("patch", "rbac.authorization.k8s.io/rolebindings"),
+        ("patch", "actions.github.com/autoscalinglisteners/status"),
+    ] {
+        assert!(
+            can(&client, &user, verb, resource, ns, Some("l-status")).await,
+            "the manager may {verb} {resource} in its namespace"
+        );
+    }
+    assert!(
+        !can(
+            &client,
+            &user,
+            "create",
+            "rbac.authorization.k8s.io/clusterroles",
+            None,
+            None
+        )
+        .await
+    );
+}
+
 /// The listener only writes `ephemeralrunners/status` (job identity). Patching the runners themselves would let
 /// a compromised listener rewrite a runner's pod spec, which the controller then runs.
 #[tokio::test]

@@ -3,31 +3,34 @@
 //! (docs/reference/controllers.md, "AutoscalingListener controller").
 //!
 //! Wiring: primary listeners and listener pods from the manager's shared watches (both in the controller
-//! namespace); pod deletions (which shared watches do not forward) through `reconcile_on`; ServiceAccounts as
-//! owned objects; Roles and RoleBindings (in the scale set's namespace, so without owner references) mapped back
-//! by their `auto-scaling-listener-*` labels.
+//! namespace), listener events that only changed the status filtered out (the listener reports there);
+//! pod deletions (which shared watches do not forward) through `reconcile_on`; ServiceAccounts as owned objects;
+//! Roles and RoleBindings (in the scale set's namespace, so without owner references) mapped back by their
+//! `auto-scaling-listener-*` labels.
 //!
 //! Beyond ARC: the config Secret's data is rewritten on every pass, so rotated credentials reach the listener
 //! (its pod is recreated because the config hash is part of the pod's hash); listener pods that fail are
-//! recreated with a per-listener exponential backoff, and every failure is reported as an Event on the
-//! AutoscalingRunnerSet.
+//! recreated with a per-listener exponential backoff kept in the listener's `status.podFailures` (so it survives
+//! a manager restart, and the AutoscalingRunnerSet controller reads it from there), and every failure is reported
+//! as an Event on the AutoscalingRunnerSet. A second Role and RoleBinding, next to the listener, let the listener
+//! write its own status (its message session, polls and errors).
 
 mod reconcile;
 pub mod resources;
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crds::AutoscalingListener;
 use crds::constants::{LISTENER_NAME_LABEL, LISTENER_NAMESPACE_LABEL};
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 pub use reconcile::{PodState, pod_state};
@@ -38,64 +41,10 @@ use crate::error::Error;
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "autoscalinglistener";
 
-/// How a listener's pod has been failing, shared with the AutoscalingRunnerSet controller, which turns it into
-/// a condition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenerFailure {
-    /// Consecutive failed pods.
-    pub count: u32,
-    /// What the last one said (exit code, reason).
-    pub last: String,
-    /// Earliest time the next pod may be created.
-    pub retry_at: Instant,
-}
-
-/// Listener failures by `namespace/name` of the AutoscalingListener. In memory: after a restart a failing
-/// listener is simply tried again at once.
-#[derive(Debug, Default)]
-pub struct ListenerHealth {
-    failures: Mutex<HashMap<String, ListenerFailure>>,
-}
-
-impl ListenerHealth {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ListenerFailure>> {
-        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Records a failed pod of listener `key`; returns the failure with its retry time.
-    pub fn failed(&self, key: &str, what: String, min: Duration, max: Duration) -> ListenerFailure {
-        let mut failures = self.lock();
-        let count = failures.get(key).map_or(1, |f| f.count.saturating_add(1));
-        let delay = min
-            .saturating_mul(1u32.checked_shl(count - 1).unwrap_or(u32::MAX))
-            .min(max);
-        let failure = ListenerFailure {
-            count,
-            last: what,
-            retry_at: Instant::now() + delay,
-        };
-        failures.insert(key.to_owned(), failure.clone());
-        failure
-    }
-
-    /// The failure record of listener `key`, if it is failing.
-    pub fn get(&self, key: &str) -> Option<ListenerFailure> {
-        self.lock().get(key).cloned()
-    }
-
-    /// Forgets listener `key` (it runs fine, or is gone).
-    pub fn reset(&self, key: &str) {
-        self.lock().remove(key);
-    }
-}
-
-/// A wait for people to read: whole seconds from 10 s on, tenths below (a 0.5 s backoff is not "0s").
-pub fn describe_wait(wait: Duration) -> String {
-    if wait >= Duration::from_secs(10) {
-        format!("{}s", wait.as_secs())
-    } else {
-        format!("{:.1}s", wait.as_secs_f64())
-    }
+/// The wait before the pod after the `count`-th failure in a row: `min` doubling, capped at `max`.
+pub fn pod_failure_delay(count: i64, min: Duration, max: Duration) -> Duration {
+    let exponent = u32::try_from(count.saturating_sub(1).clamp(0, 31)).unwrap_or(31);
+    min.saturating_mul(1u32 << exponent).min(max)
 }
 
 /// The AutoscalingListener controller's context: the shared one plus its own view of listener pods.
@@ -104,8 +53,6 @@ pub struct ListenerContext {
     pub base: Arc<Context>,
     /// Listener pods (controller namespace).
     pub pods: Store<Pod>,
-    /// Listener failures, shared with the AutoscalingRunnerSet controller.
-    pub health: Arc<ListenerHealth>,
     /// Controller namespace.
     pub namespace: String,
 }
@@ -144,6 +91,41 @@ fn listener_of<K: Resource>(obj: &K) -> Option<ObjectRef<AutoscalingListener>> {
     Some(ObjectRef::new(name).within(namespace))
 }
 
+/// What the controller reacts to on an AutoscalingListener: everything but the status, which the listener
+/// rewrites on its own schedule and this controller writes itself (a pass per report would re-apply every
+/// object of the listener for nothing).
+fn reacts_to(listener: &AutoscalingListener) -> Option<u64> {
+    predicates::generation
+        .combine(predicates::labels)
+        .combine(predicates::annotations)
+        .combine(predicates::finalizers)
+        .combine(deletion_mark)
+        .hash_property(listener)
+}
+
+/// The deletion timestamp (independent of whether marking bumps the generation).
+fn deletion_mark(listener: &AutoscalingListener) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    listener
+        .meta()
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Drops listener events that only changed the status (see [`reacts_to`]).
+fn without_status_changes(
+    listeners: impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static,
+) -> impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static {
+    listeners
+        .map(|listener| Ok::<_, watcher::Error>(Arc::unwrap_or_clone(listener)))
+        .predicate_filter(reacts_to, PredicateConfig::default())
+        // No errors: the stream above only holds `Ok`s.
+        .filter_map(|listener| future::ready(listener.ok().map(Arc::new)))
+}
+
 /// Runs the controller until `shutdown` resolves and in-flight reconciles finish. `rbac_namespace` limits the
 /// Role and RoleBinding watches (the watched scale set namespace), `None` watches all namespaces.
 #[allow(clippy::too_many_arguments)] // each stream is one watch of the wiring described in the module docs
@@ -167,7 +149,7 @@ pub async fn run(
     let accounts: Api<ServiceAccount> = Api::namespaced(client, &ctx.namespace);
     let labelled = watcher::Config::default().labels(LISTENER_NAME_LABEL);
     let config = Config::default().concurrency(ctx.base.options.autoscaling_listener_concurrency);
-    Controller::for_shared_stream(listeners, listener_store)
+    Controller::for_shared_stream(without_status_changes(listeners), listener_store)
         .owns_shared_stream(pods)
         .owns(accounts, watcher::Config::default())
         .watches(roles, labelled.clone(), |role| listener_of(&role))
@@ -189,30 +171,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failures_back_off_and_reset() {
-        let health = ListenerHealth::default();
+    fn pod_failures_back_off_doubling_to_a_cap() {
         let min = Duration::from_secs(1);
         let max = Duration::from_secs(5);
-        let first = health.failed("a", "exit 1".into(), min, max);
-        assert_eq!(first.count, 1);
-        let now = Instant::now();
-        assert!(first.retry_at <= now + min);
-        let third = {
-            health.failed("a", "exit 1".into(), min, max);
-            health.failed("a", "exit 2".into(), min, max)
-        };
-        assert_eq!(third.count, 3);
-        assert_eq!(third.last, "exit 2");
-        assert!(third.retry_at > now + Duration::from_secs(3));
-        for _ in 0..10 {
-            health.failed("a", "x".into(), min, max);
-        }
-        assert!(health.get("a").unwrap().retry_at <= Instant::now() + max);
-        health.reset("a");
-        assert!(health.get("a").is_none());
-        assert_eq!(describe_wait(Duration::from_millis(500)), "0.5s");
-        assert_eq!(describe_wait(Duration::from_millis(9_960)), "10.0s");
-        assert_eq!(describe_wait(Duration::from_secs(300)), "300s");
+        let delays: Vec<_> = [0, 1, 2, 3, 4, 100, i64::MAX]
+            .into_iter()
+            .map(|count| pod_failure_delay(count, min, max).as_secs())
+            .collect();
+        assert_eq!(delays, [1, 1, 2, 4, 5, 5, 5]);
+    }
+
+    #[tokio::test]
+    async fn status_only_changes_do_not_trigger_a_pass() {
+        let mut listener = AutoscalingListener::new("l", Default::default());
+        listener.metadata.namespace = Some("arc".into());
+        listener.metadata.uid = Some("u".into());
+        listener.metadata.generation = Some(1);
+        let mut reported = listener.clone();
+        reported.status = Some(crds::AutoscalingListenerStatus {
+            session_held: Some(true),
+            ..Default::default()
+        });
+        let mut relabelled = reported.clone();
+        relabelled.labels_mut().insert("a".into(), "b".into());
+        let events = futures::stream::iter([listener, reported, relabelled].map(Arc::new));
+        let passed: Vec<_> = without_status_changes(events).collect().await;
+        assert_eq!(passed.len(), 2, "the status report is filtered");
     }
 
     #[test]

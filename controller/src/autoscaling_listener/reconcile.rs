@@ -1,8 +1,9 @@
 //! One AutoscalingListener reconcile (docs/reference/controllers.md, "AL reconcile").
 //!
 //! # Expected flow
-//! finalizer → scale set still there? → ServiceAccount → Role → RoleBinding → proxy Secret → config Secret →
-//! listener pod (create; recreate when anything it depends on changed; recreate with backoff when it failed).
+//! finalizer → scale set still there? → ServiceAccount → Role → RoleBinding → status Role and RoleBinding (the
+//! listener's right to report in its own status) → proxy Secret → config Secret → listener pod (create; recreate
+//! when anything it depends on changed; recreate with backoff, recorded in `status.podFailures`, when it failed).
 //!
 //! # Guarantees
 //! * Secrets, ServiceAccount and RBAC are server-side applied with the controller's own field manager, so
@@ -15,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actions_client::{GitHubConfig, Scope};
 use crds::appconfig::AppConfig;
@@ -23,12 +24,12 @@ use crds::constants::{
     AUTOSCALING_LISTENER_FINALIZER, INTEGRITY_HASH_ANNOTATION, LISTENER_CONTAINER_NAME,
 };
 use crds::names::{listener_config_secret_name, listener_proxy_secret_name};
-use crds::{AutoscalingListener, AutoscalingRunnerSet};
+use crds::{AutoscalingListener, AutoscalingRunnerSet, ListenerPodFailures};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -36,12 +37,12 @@ use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::ListenerContext;
 use super::resources::{
     CONFIG_KEY, ConfigSettings, ListenerIdentity, PodInputs, config_secret_metadata,
     listener_config, listener_pod, metrics_port, proxy_secret_labels, role, role_binding,
-    service_account,
+    service_account, status_role, status_role_binding,
 };
+use super::{ListenerContext, pod_failure_delay};
 use crate::actions::read_secret;
 use crate::error::{Error, Result, is_status};
 use crate::hash::integrity_hash;
@@ -95,6 +96,7 @@ pub async fn reconcile(
         .await?;
     let role: Role = step.apply(&step.roles(), &role(&id)?, "Role").await?;
     let binding = step.ensure_role_binding(&role_binding(&id)?).await?;
+    step.reconcile_status_rbac(&id).await?;
     let proxy_hash = step.reconcile_proxy_secret(&id).await?;
     let config_hash = step.reconcile_config_secret(&id, &runner_set).await?;
     let settings = &ctx.base.options.listener;
@@ -136,7 +138,6 @@ struct Step<'a> {
     ctx: &'a ListenerContext,
     name: String,
     namespace: String,
-    key: String,
     listeners: Api<AutoscalingListener>,
     secrets: Api<Secret>,
     pods: Api<Pod>,
@@ -149,7 +150,6 @@ impl<'a> Step<'a> {
         Ok(Self {
             listener,
             ctx,
-            key: format!("{namespace}/{name}"),
             listeners: Api::namespaced(client.clone(), &namespace),
             secrets: Api::namespaced(client.clone(), &namespace),
             pods: Api::namespaced(client, &namespace),
@@ -216,6 +216,35 @@ impl<'a> Step<'a> {
             name,
             source: Box::new(source),
         })
+    }
+
+    /// Not in ARC: the listener's right to write its own status, a Role and RoleBinding next to it (owned by the
+    /// listener, so they go with it). A manager whose RBAC does not let it create them there (a controller chart
+    /// older than the manager) still runs the listener, which then cannot report; the AutoscalingRunnerSet says
+    /// so (`ListenerNotReporting`).
+    async fn reconcile_status_rbac(&self, id: &ListenerIdentity<'_>) -> Result<()> {
+        let client = &self.ctx.base.client;
+        let roles: Api<Role> = Api::namespaced(client.clone(), &self.namespace);
+        let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &self.namespace);
+        let applied = match self.apply(&roles, &status_role(id)?, "Role").await {
+            Ok(_) => {
+                self.apply(&bindings, &status_role_binding(id)?, "RoleBinding")
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        match applied {
+            Err(Error::PatchObject { source, kind, .. }) if is_status(&source, 403) => {
+                tracing::warn!(
+                    kind,
+                    error = %source,
+                    "the manager may not grant the listener the right to report its state (create Roles and \
+                     RoleBindings in the controller namespace); the listener runs without reporting"
+                );
+                Ok(())
+            }
+            other => other.map(drop),
+        }
     }
 
     /// The RoleBinding; its `roleRef` cannot change in place, so a binding pointing elsewhere is replaced.
@@ -430,11 +459,12 @@ impl<'a> Step<'a> {
         let resync = self.ctx.base.options.resync_interval;
         let Some(pod) = self.current_pod().await? else {
             self.set_running(false);
-            if let Some(failure) = self.ctx.health.get(&self.key) {
-                let now = Instant::now();
-                if failure.retry_at > now {
-                    return Ok(Action::requeue(failure.retry_at - now));
-                }
+            let failures = self.live_pod_failures().await?;
+            if let Some(wait) = failures
+                .as_ref()
+                .and_then(|f| time_until(f.next_attempt_time.as_ref()))
+            {
+                return Ok(Action::requeue(wait));
             }
             self.create_pod(&desired).await?;
             return Ok(Action::requeue(resync));
@@ -446,7 +476,7 @@ impl<'a> Step<'a> {
             tracing::info!("listener inputs changed; recreating its pod");
             self.set_running(false);
             // A new configuration deserves a fresh start, not the old failures' backoff.
-            self.ctx.health.reset(&self.key);
+            self.forget_pod_failures().await?;
             delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
             return Ok(Action::requeue(SHORT_WAIT));
         }
@@ -454,13 +484,23 @@ impl<'a> Step<'a> {
             PodState::Failed(what) => {
                 self.set_running(false);
                 let options = &self.ctx.base.options;
-                let failure = self.ctx.health.failed(
-                    &self.key,
-                    what.clone(),
-                    options.error_backoff_min,
-                    options.error_backoff_max,
-                );
-                let delay = failure.retry_at.saturating_duration_since(Instant::now());
+                let count = self
+                    .live_pod_failures()
+                    .await?
+                    .map_or(1, |f| f.count.saturating_add(1));
+                let delay =
+                    pod_failure_delay(count, options.error_backoff_min, options.error_backoff_max);
+                let now = Timestamp::now();
+                let next = now
+                    .checked_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
+                    .unwrap_or(now);
+                self.write_pod_failures(Some(&ListenerPodFailures {
+                    count,
+                    last: what.clone(),
+                    time: Some(Time(now)),
+                    next_attempt_time: Some(Time(next)),
+                }))
+                .await?;
                 self.ctx
                     .base
                     .publish(
@@ -469,11 +509,10 @@ impl<'a> Step<'a> {
                         "ListenerFailed",
                         "RecreateListener",
                         format!(
-                            "listener pod {}/{} {what} (failure {}); recreating it in {}",
+                            "listener pod {}/{} {what} (failure {count}); recreating it in {}",
                             self.namespace,
                             self.name,
-                            failure.count,
-                            super::describe_wait(delay)
+                            describe_wait(delay)
                         ),
                     )
                     .await;
@@ -485,12 +524,62 @@ impl<'a> Step<'a> {
                 if since.is_none_or(|since| {
                     Timestamp::now().duration_since(since).unsigned_abs() >= HEALTHY_AFTER
                 }) {
-                    self.ctx.health.reset(&self.key);
+                    self.forget_pod_failures().await?;
                 }
                 Ok(Action::requeue(resync.min(HEALTHY_AFTER)))
             }
             PodState::Starting => Ok(Action::requeue(resync)),
         }
+    }
+
+    /// The pod failures recorded in the status, read from the API server: the cached listener may not show the
+    /// failure recorded a moment ago, and a backoff read from it could be skipped.
+    async fn live_pod_failures(&self) -> Result<Option<ListenerPodFailures>> {
+        let live =
+            self.listeners
+                .get_opt(&self.name)
+                .await
+                .map_err(|source| Error::ReadObjects {
+                    kind: KIND,
+                    namespace: self.namespace.clone(),
+                    source: Box::new(source),
+                })?;
+        Ok(live.and_then(|l| l.status).and_then(|s| s.pod_failures))
+    }
+
+    /// Records the pod failures in the status (`None` removes them), under this controller's field manager; the
+    /// listener's own fields there are left alone.
+    async fn write_pod_failures(&self, failures: Option<&ListenerPodFailures>) -> Result<()> {
+        let params = PatchParams {
+            field_manager: Some(AL_FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let patch = serde_json::json!({"status": {"podFailures": failures}});
+        self.listeners
+            .patch_status(&self.name, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|source| Error::PatchObject {
+                kind: KIND,
+                what: "status",
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Clears the failure record, if the cached listener shows one (status-only changes do not start a pass, so
+    /// the cache has caught up by the next one).
+    async fn forget_pod_failures(&self) -> Result<()> {
+        let recorded = self
+            .listener
+            .status
+            .as_ref()
+            .is_some_and(|s| s.pod_failures.is_some());
+        if recorded {
+            self.write_pod_failures(None).await?;
+        }
+        Ok(())
     }
 
     async fn create_pod(&self, pod: &Pod) -> Result<()> {
@@ -554,7 +643,6 @@ impl<'a> Step<'a> {
             // Deletes were issued (or objects are still terminating): confirm they are gone next pass.
             return Ok(Action::requeue(SHORT_WAIT));
         }
-        self.ctx.health.reset(&self.key);
         remove_finalizers(
             &self.listeners,
             self.listener,
@@ -563,6 +651,21 @@ impl<'a> Step<'a> {
         )
         .await?;
         Ok(Action::await_change())
+    }
+}
+
+/// How long until `at`, if it is in the future.
+fn time_until(at: Option<&Time>) -> Option<Duration> {
+    let left = at?.0.duration_since(Timestamp::now());
+    Duration::try_from(left).ok().filter(|left| !left.is_zero())
+}
+
+/// A wait for people to read: whole seconds from 10 s on, tenths below (a 0.5 s backoff is not "0s").
+fn describe_wait(wait: Duration) -> String {
+    if wait >= Duration::from_secs(10) {
+        format!("{}s", wait.as_secs())
+    } else {
+        format!("{:.1}s", wait.as_secs_f64())
     }
 }
 
@@ -620,6 +723,23 @@ mod tests {
 
     fn pod(status: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).unwrap()
+    }
+
+    #[test]
+    fn waits_read_well_and_only_future_times_wait() {
+        assert_eq!(describe_wait(Duration::from_millis(500)), "0.5s");
+        assert_eq!(describe_wait(Duration::from_millis(9_960)), "10.0s");
+        assert_eq!(describe_wait(Duration::from_secs(300)), "300s");
+        let later = Timestamp::now()
+            .checked_add(SignedDuration::from_secs(30))
+            .unwrap();
+        let wait = time_until(Some(&Time(later))).unwrap();
+        assert!(wait > Duration::from_secs(25) && wait <= Duration::from_secs(30));
+        let earlier = Timestamp::now()
+            .checked_sub(SignedDuration::from_secs(1))
+            .unwrap();
+        assert_eq!(time_until(Some(&Time(earlier))), None);
+        assert_eq!(time_until(None), None);
     }
 
     #[test]

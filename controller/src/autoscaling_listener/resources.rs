@@ -17,8 +17,9 @@ use crds::AutoscalingListener;
 use crds::appconfig::GitHubCredentials;
 use crds::common::{MetricsConfig, ResourceMeta, VAULT_TYPE_AZURE_KEY_VAULT};
 use crds::constants::{
-    INTEGRITY_HASH_ANNOTATION, LISTENER_CONTAINER_NAME, LISTENER_NAME_LABEL,
-    LISTENER_NAMESPACE_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
+    INTEGRITY_HASH_ANNOTATION, LISTENER_CONTAINER_NAME, LISTENER_NAME_ENV, LISTENER_NAME_LABEL,
+    LISTENER_NAMESPACE_ENV, LISTENER_NAMESPACE_LABEL, SCALE_SET_NAME_LABEL,
+    SCALE_SET_NAMESPACE_LABEL,
 };
 use k8s_openapi::api::core::v1::{Pod, PodSpec, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -164,6 +165,71 @@ pub fn role_rules(ephemeral_runner_set: &str) -> Vec<PolicyRule> {
             ..PolicyRule::default()
         },
     ]
+}
+
+/// Not in ARC: the rule of the listener's second Role, in the controller namespace: patch the status of its own
+/// AutoscalingListener, where it reports whether it holds its message session (`resourceNames` keeps it from
+/// touching any other listener's report; the listener cannot read, create or delete listeners).
+pub fn status_role_rules(listener: &str) -> Vec<PolicyRule> {
+    vec![PolicyRule {
+        api_groups: Some(vec![crds::constants::GROUP.to_owned()]),
+        resources: Some(vec!["autoscalinglisteners/status".to_owned()]),
+        resource_names: Some(vec![listener.to_owned()]),
+        verbs: vec!["patch".to_owned()],
+        ..PolicyRule::default()
+    }]
+}
+
+/// The listener's status Role, next to its AutoscalingListener (owned by it, so it goes with it).
+pub fn status_role(id: &ListenerIdentity<'_>) -> Result<Role> {
+    let rules = status_role_rules(&id.name());
+    let meta = id.listener.spec.role_metadata.as_ref();
+    Ok(Role {
+        metadata: ObjectMeta {
+            name: Some(crds::names::listener_status_role_name(&id.name())),
+            namespace: Some(id.namespace()),
+            labels: Some(rbac_labels(id, meta)),
+            annotations: Some(with_hash(
+                merge_annotations(meta.map(|m| &m.annotations), None),
+                integrity_hash(&rules)?,
+            )),
+            owner_references: Some(vec![id.owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules),
+    })
+}
+
+/// The binding of the status Role to the listener's ServiceAccount.
+pub fn status_role_binding(id: &ListenerIdentity<'_>) -> Result<RoleBinding> {
+    let name = crds::names::listener_status_role_name(&id.name());
+    let role_ref = RoleRef {
+        api_group: Some("rbac.authorization.k8s.io".to_owned()),
+        kind: "Role".to_owned(),
+        name: name.clone(),
+    };
+    let subjects = vec![Subject {
+        kind: "ServiceAccount".to_owned(),
+        name: id.name(),
+        namespace: Some(id.namespace()),
+        ..Subject::default()
+    }];
+    let meta = id.listener.spec.role_binding_metadata.as_ref();
+    Ok(RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(id.namespace()),
+            labels: Some(rbac_labels(id, meta)),
+            annotations: Some(with_hash(
+                merge_annotations(meta.map(|m| &m.annotations), None),
+                integrity_hash(&(&role_ref, &subjects))?,
+            )),
+            owner_references: Some(vec![id.owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        role_ref,
+        subjects: Some(subjects),
+    })
 }
 
 /// The listener's Role, in the AutoscalingRunnerSet's namespace (no owner: another namespace).
@@ -405,10 +471,16 @@ pub fn listener_pod(id: &ListenerIdentity<'_>, inputs: &PodInputs<'_>) -> Result
     let listener = id.listener;
     let name = id.name();
     let proxy_secret = crds::names::listener_proxy_secret_name(&name);
-    let mut env = vec![json!({
-        "name": CONFIG_PATH_ENV,
-        "value": format!("{CONFIG_MOUNT_PATH}/{CONFIG_KEY}"),
-    })];
+    let mut env = vec![
+        json!({
+            "name": CONFIG_PATH_ENV,
+            "value": format!("{CONFIG_MOUNT_PATH}/{CONFIG_KEY}"),
+        }),
+        // Not in ARC: where the listener reports its state (plain values, no downward API: the listener must
+        // not depend on the pod's own name matching the AutoscalingListener's).
+        json!({"name": LISTENER_NAME_ENV, "value": name}),
+        json!({"name": LISTENER_NAMESPACE_ENV, "value": id.namespace()}),
+    ];
     if let Some(proxy) = &listener.spec.proxy {
         let from_secret = |key: &str| json!({"name": key, "valueFrom": {"secretKeyRef": {"name": proxy_secret, "key": key}}});
         if proxy.http.is_some() {
@@ -678,6 +750,40 @@ mod tests {
     }
 
     #[test]
+    fn the_status_role_lets_the_listener_patch_only_its_own_status() {
+        let listener = listener();
+        let id = identity(&listener, &[]);
+        let role = status_role(&id).unwrap();
+        assert_eq!(
+            serde_json::to_value(role.rules.unwrap()).unwrap(),
+            json!([{
+                "apiGroups": ["actions.github.com"],
+                "resources": ["autoscalinglisteners/status"],
+                "resourceNames": ["set-7f984dc6-listener"],
+                "verbs": ["patch"],
+            }])
+        );
+        // Next to the listener, owned by it, under a name that cannot collide with the scale-set Role.
+        assert_eq!(role.metadata.namespace.as_deref(), Some("arc-system"));
+        assert_eq!(
+            role.metadata.name.as_deref(),
+            Some("set-7f984dc6-listener-status")
+        );
+        assert_eq!(
+            role.metadata.owner_references.unwrap()[0].kind,
+            "AutoscalingListener"
+        );
+        let labels = role.metadata.labels.unwrap();
+        assert_eq!(labels[LISTENER_NAME_LABEL], "set-7f984dc6-listener");
+        let binding = status_role_binding(&id).unwrap();
+        assert_eq!(binding.role_ref.name, "set-7f984dc6-listener-status");
+        assert_eq!(binding.metadata.namespace.as_deref(), Some("arc-system"));
+        let subject = &binding.subjects.unwrap()[0];
+        assert_eq!(subject.name, "set-7f984dc6-listener");
+        assert_eq!(subject.namespace.as_deref(), Some("arc-system"));
+    }
+
+    #[test]
     fn role_binding_binds_the_service_account() {
         let listener = listener();
         let binding = role_binding(&identity(&listener, &[])).unwrap();
@@ -789,7 +895,32 @@ mod tests {
             .flatten()
             .map(|e| e.name.as_str())
             .collect();
-        assert_eq!(env, ["LISTENER_CONFIG_PATH", "http_proxy", "no_proxy"]);
+        assert_eq!(
+            env,
+            [
+                "LISTENER_CONFIG_PATH",
+                "AUTOSCALING_LISTENER_NAME",
+                "AUTOSCALING_LISTENER_NAMESPACE",
+                "http_proxy",
+                "no_proxy"
+            ]
+        );
+        let value = |name: &str| {
+            container
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            value("AUTOSCALING_LISTENER_NAME").as_deref(),
+            Some("set-7f984dc6-listener")
+        );
+        assert_eq!(
+            value("AUTOSCALING_LISTENER_NAMESPACE").as_deref(),
+            Some("arc-system")
+        );
         assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 8080);
         assert_eq!(
             spec.volumes.unwrap()[0]
@@ -884,7 +1015,15 @@ mod tests {
             .flatten()
             .map(|e| e.name.as_str())
             .collect();
-        assert_eq!(env, ["LISTENER_CONFIG_PATH", "EXTRA"]);
+        assert_eq!(
+            env,
+            [
+                "LISTENER_CONFIG_PATH",
+                "AUTOSCALING_LISTENER_NAME",
+                "AUTOSCALING_LISTENER_NAMESPACE",
+                "EXTRA"
+            ]
+        );
         assert_eq!(spec.volumes.unwrap().len(), 2);
     }
 

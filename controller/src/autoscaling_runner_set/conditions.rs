@@ -5,9 +5,10 @@
 //! | Type | False/True when |
 //! |---|---|
 //! | `ScaleSetReady` | False: the scale set cannot be created or read (credentials, Secret, runner group, refused creation, service down) |
-//! | `ListenerReady` | False: the listener is not running (starting, failing, being replaced) |
+//! | `ListenerReady` | True only while the listener holds the scale set's message session and its polls succeed (its own report); False: not started, failing, session refused or lost, credentials rejected, scale set missing, service unreachable, report stale |
+//! | `RunnersCanStart` | False: runners of the set cannot be created or started (pods refused, invalid, images not pulled, pods failing again and again) |
 //! | `MaxRunnersReached` | True: as many runners exist as `maxRunners` allows (or `maxRunners` is 0) |
-//! | `Ready` | True: the scale set exists and its listener runs; otherwise the first failing reason |
+//! | `Ready` | True: the set is served (scale set found, listener holding its session, runners able to start); otherwise the first failing reason |
 
 use actions_client::ErrorKind;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -16,8 +17,10 @@ use crate::error::Error;
 
 /// Condition type: the scale set exists in the Actions Service.
 pub const SCALE_SET_READY: &str = "ScaleSetReady";
-/// Condition type: the listener runs.
+/// Condition type: the listener holds the message session and polls.
 pub const LISTENER_READY: &str = "ListenerReady";
+/// Condition type: no runner of the set is blocked from starting.
+pub const RUNNERS_CAN_START: &str = "RunnersCanStart";
 /// Condition type: no more runners can be created because of `maxRunners`.
 pub const MAX_RUNNERS_REACHED: &str = "MaxRunnersReached";
 /// Condition type: runners are created on demand.
@@ -47,8 +50,11 @@ impl Finding {
 pub struct Observation {
     /// `Ok` with a message when the scale set exists, else why not.
     pub scale_set: Result<String, Finding>,
-    /// `Ok` when the listener runs, else why not; `None` when not looked at (the scale set is missing).
+    /// `Ok` when the listener serves the set, else why not; `None` when not looked at (the scale set is
+    /// missing).
     pub listener: Option<Result<String, Finding>>,
+    /// `Ok` when no runner is blocked from starting, else how many are and why; `None` when not looked at.
+    pub runners: Option<Result<String, Finding>>,
     /// Current runners and the effective maximum, when known.
     pub capacity: Option<(i64, i64)>,
 }
@@ -157,7 +163,7 @@ pub fn compute(
         ))
     });
     match &listener {
-        Ok(message) => conditions.push(make(LISTENER_READY, true, "ListenerRunning", message)),
+        Ok(message) => conditions.push(make(LISTENER_READY, true, "SessionHeld", message)),
         Err(finding) => {
             conditions.push(make(
                 LISTENER_READY,
@@ -167,6 +173,21 @@ pub fn compute(
             ));
             first_problem.get_or_insert_with(|| finding.clone());
         }
+    }
+    match &observation.runners {
+        Some(Ok(message)) => {
+            conditions.push(make(RUNNERS_CAN_START, true, "RunnersStartable", message))
+        }
+        Some(Err(finding)) => {
+            conditions.push(make(
+                RUNNERS_CAN_START,
+                false,
+                finding.reason,
+                &finding.message,
+            ));
+            first_problem.get_or_insert_with(|| finding.clone());
+        }
+        None => {}
     }
     if let Some((current, max)) = observation.capacity {
         let reached = current >= max;
@@ -193,7 +214,7 @@ pub fn compute(
             READY,
             true,
             "Ready",
-            "the scale set exists and its listener runs",
+            "the scale set exists, its listener holds the message session and runners can start",
         )),
         Some(finding) => conditions.push(make(READY, false, finding.reason, &finding.message)),
     }
@@ -232,6 +253,7 @@ mod tests {
         Observation {
             scale_set: Ok("scale set 3".into()),
             listener: Some(Ok("running".into())),
+            runners: Some(Ok("none blocked".into())),
             capacity: Some((1, 5)),
         }
     }
@@ -253,6 +275,7 @@ mod tests {
         let observation = Observation {
             scale_set: Err(Finding::new("RunnerGroupNotFound", "no group gpu")),
             listener: None,
+            runners: None,
             capacity: None,
         };
         let conditions = compute(&[], &observation, None, &at(10));
@@ -273,6 +296,40 @@ mod tests {
         };
         let conditions = compute(&[], &failing, None, &at(10));
         assert_eq!(get(&conditions, READY).reason, "ListenerFailing");
+    }
+
+    #[test]
+    fn blocked_runners_make_the_set_not_ready() {
+        let blocked = Observation {
+            runners: Some(Err(Finding::new(
+                "ImagePullFailed",
+                "1 of 1 runner(s) cannot start",
+            ))),
+            ..healthy()
+        };
+        let conditions = compute(&[], &blocked, None, &at(10));
+        let runners = get(&conditions, RUNNERS_CAN_START);
+        assert_eq!(
+            (runners.status.as_str(), runners.reason.as_str()),
+            ("False", "ImagePullFailed")
+        );
+        let ready = get(&conditions, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ImagePullFailed")
+        );
+        assert_eq!(get(&conditions, LISTENER_READY).status, "True");
+        // The listener's problem comes first.
+        let both = Observation {
+            listener: Some(Err(Finding::new("SessionConflict", "claimed"))),
+            ..blocked
+        };
+        assert_eq!(
+            get(&compute(&[], &both, None, &at(10)), READY).reason,
+            "SessionConflict"
+        );
+        let healthy = compute(&[], &healthy(), None, &at(10));
+        assert_eq!(get(&healthy, RUNNERS_CAN_START).status, "True");
     }
 
     #[test]

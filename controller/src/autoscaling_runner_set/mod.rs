@@ -4,8 +4,10 @@
 //!
 //! Wiring: primary sets from the manager's shared watch, with status-only changes filtered out (the controller
 //! writes status itself, and a failing pass must not trigger the next one at once); owned EphemeralRunnerSets;
-//! AutoscalingListeners and listener pods mapped back by their `actions.github.com/scale-set-*` labels, so the
-//! `ListenerReady` condition follows the listener.
+//! AutoscalingListeners (when their spec or the listener's report changes in a way the `ListenerReady` condition
+//! depends on, not at every report) and listener pods mapped back by their `actions.github.com/scale-set-*`
+//! labels; runners and runner pods when one becomes blocked from starting or stops being so
+//! ([`runners::blockage_changes`]).
 //!
 //! Beyond ARC: conditions and Events for every reason no runner is created; a scale set deleted on GitHub's
 //! side is re-created with the same name, group and labels (checked every `scale_set_check_interval`); errors
@@ -14,6 +16,8 @@
 pub mod conditions;
 pub mod desired;
 mod reconcile;
+pub mod runners;
+pub mod served;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,9 +34,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 
-pub use reconcile::listener_state;
-
-use crate::autoscaling_listener::ListenerHealth;
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 
@@ -49,8 +50,6 @@ pub struct RunnerSetContext {
     pub listeners: Store<AutoscalingListener>,
     /// Listener pods (controller namespace).
     pub listener_pods: Store<Pod>,
-    /// Listener failures recorded by the AutoscalingListener controller.
-    pub health: Arc<ListenerHealth>,
     /// When each set's scale set was last found in the Actions Service.
     checked: Mutex<HashMap<String, Instant>>,
 }
@@ -62,14 +61,12 @@ impl RunnerSetContext {
         namespace: String,
         listeners: Store<AutoscalingListener>,
         listener_pods: Store<Pod>,
-        health: Arc<ListenerHealth>,
     ) -> Self {
         Self {
             base,
             namespace,
             listeners,
             listener_pods,
-            health,
             checked: Mutex::new(HashMap::new()),
         }
     }
@@ -171,6 +168,54 @@ fn without_status_changes(
         .filter_map(|set| future::ready(set.ok().map(Arc::new)))
 }
 
+/// What the set's conditions read from an AutoscalingListener: its metadata (a new spec replaces it) and the
+/// verdict-bearing part of the listener's report (session held, whether the last error is current and its
+/// category, pod failures). Reports that only move the last poll time or the figures do not start a pass; a
+/// report going stale is caught by the pass's own requeue.
+fn listener_reacts_to(listener: &AutoscalingListener) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    let meta = listener.meta();
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut hasher);
+    if let Some(status) = &listener.status {
+        status.session_held.hash(&mut hasher);
+        status
+            .session_since
+            .as_ref()
+            .map(|t| t.0.as_second())
+            .hash(&mut hasher);
+        let last_poll = status.last_poll_time.as_ref().map(|t| t.0);
+        let failing = status.last_error.as_ref().filter(|error| {
+            match (error.time.as_ref().map(|t| t.0), last_poll) {
+                (Some(at), Some(poll)) => at > poll,
+                _ => last_poll.is_none(),
+            }
+        });
+        failing.map(|error| &error.category).hash(&mut hasher);
+        status
+            .pod_failures
+            .as_ref()
+            .map(|f| (f.count, &f.last))
+            .hash(&mut hasher);
+    }
+    Some(hasher.finish())
+}
+
+/// Listener events that matter to the set (see [`listener_reacts_to`]).
+fn listener_changes(
+    listeners: impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static,
+) -> impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static {
+    listeners
+        .map(|listener| Ok::<_, watcher::Error>(Arc::unwrap_or_clone(listener)))
+        .predicate_filter(listener_reacts_to, PredicateConfig::default())
+        .filter_map(|listener| future::ready(listener.ok().map(Arc::new)))
+}
+
 /// The AutoscalingRunnerSet an object derived from it belongs to, by its scale-set labels.
 fn runner_set_of<K: Resource>(obj: &K) -> Option<ObjectRef<AutoscalingRunnerSet>> {
     let labels = obj.labels();
@@ -180,6 +225,7 @@ fn runner_set_of<K: Resource>(obj: &K) -> Option<ObjectRef<AutoscalingRunnerSet>
 }
 
 /// Runs the controller until `shutdown` resolves and in-flight reconciles finish.
+#[allow(clippy::too_many_arguments)] // each stream is one watch of the wiring described in the module docs
 pub async fn run(
     ctx: Arc<RunnerSetContext>,
     sets: impl Stream<Item = Arc<AutoscalingRunnerSet>> + Send + 'static,
@@ -187,12 +233,13 @@ pub async fn run(
     runner_sets: impl Stream<Item = Arc<EphemeralRunnerSet>> + Send + 'static,
     listeners: impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static,
     listener_pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
+    blockages: impl Stream<Item = ObjectRef<AutoscalingRunnerSet>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let config = Config::default().concurrency(ctx.base.options.autoscaling_runner_set_concurrency);
     Controller::for_shared_stream(without_status_changes(sets), set_store)
         .owns_shared_stream(runner_sets)
-        .watches_shared_stream(listeners, |listener| {
+        .watches_shared_stream(listener_changes(listeners), |listener| {
             let spec = &listener.spec;
             Some(
                 ObjectRef::new(&spec.autoscaling_runner_set_name)
@@ -200,6 +247,7 @@ pub async fn run(
             )
         })
         .watches_shared_stream(listener_pods, |pod| runner_set_of(&*pod))
+        .reconcile_on(blockages)
         .with_config(config)
         .graceful_shutdown_on(shutdown)
         .run(reconcile_one, error_policy, ctx)

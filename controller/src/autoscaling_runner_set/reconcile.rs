@@ -16,7 +16,7 @@
 //!   of blocking the deletion forever.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actions_client::RunnerScaleSet;
 use crds::constants::{
@@ -41,6 +41,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -51,13 +52,15 @@ use super::desired::{
     ListenerInputs, contains_all, desired_listener, desired_listener_name, desired_runner_set,
     listener_up_to_date, recorded_scale_set_id, runner_set_hash, scale_set_labels, url_labels,
 };
+use super::runners::{blockage, runner_set_of_runner, runners_finding};
+use super::served::{LISTENER_PROGRESS_REASONS, ListenerView, judge_listener};
 use crate::actions::{Actions, ClientSource, credentials_gone};
-use crate::autoscaling_listener::ListenerHealth;
 use crate::error::{Error, Result, is_status};
 use crate::kubeutil::{
     add_finalizers, controller_ref, delete_if_present, has_finalizer, name_and_namespace,
     remove_finalizers,
 };
+use crate::metrics::RunnerLabels;
 use crate::options::ARS_FIELD_MANAGER;
 
 const KIND: &str = "AutoscalingRunnerSet";
@@ -199,6 +202,13 @@ impl<'a> Step<'a> {
 
     fn reference(&self) -> ObjectReference {
         self.runner_set.object_ref(&())
+    }
+
+    fn metric_labels(&self) -> RunnerLabels {
+        RunnerLabels {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+        }
     }
 
     fn has_finalizer(&self) -> bool {
@@ -745,12 +755,52 @@ impl<'a> Step<'a> {
                 )),
             ));
         }
-        let state = listener_state(
-            &self.ctx.health,
-            &format!("{}/{name}", self.ctx.namespace),
-            self.ctx.listener_pod(&name).as_deref(),
+        let pod = self.ctx.listener_pod(&name);
+        let credentials = format!(
+            "{}/{}",
+            self.namespace, self.runner_set.spec.github_config_secret
         );
-        Ok((Action::requeue(options.resync_interval), state))
+        let verdict = judge_listener(
+            &ListenerView {
+                listener: &existing,
+                pod: pod.as_deref(),
+                scale_set_id,
+                credentials: &credentials,
+                scale_set_check_interval: options.scale_set_check_interval,
+            },
+            Timestamp::now(),
+        );
+        // A report going stale changes the verdict without any event: look again by then.
+        let wait = verdict
+            .recheck_in
+            .map_or(options.resync_interval, |recheck| {
+                options.resync_interval.min(recheck.max(SHORT_WAIT))
+            });
+        Ok((Action::requeue(wait), verdict.outcome))
+    }
+
+    /// The set's runners that cannot start, from the manager's caches of runners and their pods.
+    fn runners(&self) -> Result<String, Finding> {
+        let stores = &self.ctx.base.stores;
+        let set = ObjectRef::<AutoscalingRunnerSet>::new(&self.name).within(&self.namespace);
+        let mut total = 0;
+        let mut blocked = Vec::new();
+        for runner in stores.runners.state() {
+            if runner.metadata.deletion_timestamp.is_some()
+                || runner_set_of_runner(&runner).as_ref() != Some(&set)
+            {
+                continue;
+            }
+            total += 1;
+            let name = runner.name_any();
+            let pod = stores
+                .pods
+                .get(&ObjectRef::new(&name).within(&self.namespace));
+            if let Some(why) = blockage(&runner, pod.as_deref()) {
+                blocked.push((name, why));
+            }
+        }
+        runners_finding(&blocked, total)
     }
 
     /// Writes phase, counters and conditions; publishes an Event when the `Ready` reason changes.
@@ -774,9 +824,16 @@ impl<'a> Step<'a> {
         if fully_reconciled {
             status.phase = phase::RUNNING.to_owned();
         }
+        self.ctx
+            .base
+            .metrics
+            .listener_session_held
+            .get_or_create(&self.metric_labels())
+            .set(i64::from(matches!(listener, Some(Ok(_)))));
         let observation = Observation {
             scale_set,
             listener,
+            runners: Some(self.runners()),
             capacity: runner_set_status.map(|counts| {
                 (
                     counts.current_replicas,
@@ -893,6 +950,12 @@ impl<'a> Step<'a> {
         )
         .await?;
         self.ctx.forget(&self.key);
+        // A deleted set has no session to report, and its series must not linger as 0 either.
+        self.ctx
+            .base
+            .metrics
+            .listener_session_held
+            .remove(&self.metric_labels());
         Ok(Action::await_change())
     }
 
@@ -1024,45 +1087,11 @@ where
 
 /// Reasons that describe progress rather than a problem: no Warning Event for them.
 fn is_transient_reason(reason: &str) -> bool {
-    matches!(
-        reason,
-        "ListenerStarting"
-            | "ListenerRestarting"
-            | "WaitingForScaleSet"
-            | "EphemeralRunnerSetDeleting"
-    )
-}
-
-/// What the listener is doing, from its pod and the AutoscalingListener controller's failure record.
-pub fn listener_state(
-    health: &ListenerHealth,
-    key: &str,
-    pod: Option<&k8s_openapi::api::core::v1::Pod>,
-) -> Result<String, Finding> {
-    use crate::autoscaling_listener::PodState;
-    if let Some(failure) = health.get(key) {
-        let wait = failure.retry_at.saturating_duration_since(Instant::now());
-        return Err(Finding::new(
-            "ListenerFailing",
-            format!(
-                "the listener pod {} ({} failure(s) in a row); next attempt in {}",
-                failure.last,
-                failure.count,
-                crate::autoscaling_listener::describe_wait(wait)
-            ),
-        ));
-    }
-    match pod.map(crate::autoscaling_listener::pod_state) {
-        Some(PodState::Running(_)) => Ok("the listener is running".to_owned()),
-        Some(PodState::Failed(what)) => Err(Finding::new(
-            "ListenerFailing",
-            format!("the listener pod {what}"),
-        )),
-        Some(PodState::Starting) | None => Err(Finding::new(
-            "ListenerStarting",
-            "the listener pod is starting",
-        )),
-    }
+    LISTENER_PROGRESS_REASONS.contains(&reason)
+        || matches!(
+            reason,
+            "ListenerRestarting" | "WaitingForScaleSet" | "EphemeralRunnerSetDeleting"
+        )
 }
 
 #[cfg(test)]
@@ -1092,42 +1121,11 @@ mod tests {
             "absent max is unbounded"
         );
     }
-    use crate::autoscaling_listener::ListenerHealth;
-    use serde_json::json;
-
-    #[test]
-    fn listener_states() {
-        let health = ListenerHealth::default();
-        assert_eq!(
-            listener_state(&health, "k", None).unwrap_err().reason,
-            "ListenerStarting"
-        );
-        let running: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-            "status": {"containerStatuses": [{
-                "name": "listener", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                "state": {"running": {}},
-            }]}
-        }))
-        .unwrap();
-        assert!(listener_state(&health, "k", Some(&running)).is_ok());
-        health.failed(
-            "k",
-            "exited with code 1".into(),
-            Duration::from_secs(1),
-            Duration::from_secs(2),
-        );
-        let failing = listener_state(&health, "k", Some(&running)).unwrap_err();
-        assert_eq!(failing.reason, "ListenerFailing");
-        assert!(
-            failing.message.contains("exited with code 1"),
-            "{}",
-            failing.message
-        );
-    }
-
     #[test]
     fn progress_reasons_are_not_warnings() {
         assert!(is_transient_reason("ListenerStarting"));
+        assert!(is_transient_reason("SessionLost"));
         assert!(!is_transient_reason("CredentialsInvalid"));
+        assert!(!is_transient_reason("SessionConflict"));
     }
 }

@@ -83,6 +83,18 @@ impl Running {
 
 impl Env {
     pub async fn new(prefix: &str) -> Self {
+        Self::with_fake(
+            prefix,
+            fake_actions_service::Config {
+                runner_groups: vec!["gpu".to_owned()],
+                ..fake_actions_service::Config::default()
+            },
+        )
+        .await
+    }
+
+    /// A world whose fake Actions Service runs with `fake` (short long polls, for one).
+    pub async fn with_fake(prefix: &str, fake: fake_actions_service::Config) -> Self {
         let ctx = TestContext::new(prefix).await;
         test_harness::apply_crds(&ctx.client, &crds::all_crds())
             .await
@@ -90,12 +102,9 @@ impl Env {
         let controller_namespace = test_harness::create_namespace(&ctx.client, "arc-system")
             .await
             .expect("controller namespace");
-        let fake = FakeActionsService::start(fake_actions_service::Config {
-            runner_groups: vec!["gpu".to_owned()],
-            ..fake_actions_service::Config::default()
-        })
-        .await
-        .expect("start the fake Actions Service");
+        let fake = FakeActionsService::start(fake)
+            .await
+            .expect("start the fake Actions Service");
         let config_url = format!("{}/org/repo", fake.base_url());
         let env = Self {
             ctx,

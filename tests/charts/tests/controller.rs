@@ -224,8 +224,11 @@ fn create_manager_listener_role() {
     assert_eq!(role["metadata"]["namespace"], NAMESPACE);
     assert_eq!(
         resources(role),
-        ["pods", "pods/status", "secrets", "serviceaccounts"]
+        ["pods", "pods/status", "secrets", "serviceaccounts", "roles"]
     );
+    let rbac = &role["rules"][4];
+    assert_eq!(rbac["resources"], json!(["roles", "rolebindings"]));
+    assert_eq!(rbac["apiGroups"], json!(["rbac.authorization.k8s.io"]));
 }
 
 #[test]
