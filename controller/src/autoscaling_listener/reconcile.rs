@@ -226,25 +226,55 @@ impl<'a> Step<'a> {
         let client = &self.ctx.base.client;
         let roles: Api<Role> = Api::namespaced(client.clone(), &self.namespace);
         let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &self.namespace);
-        let applied = match self.apply(&roles, &status_role(id)?, "Role").await {
-            Ok(_) => {
-                self.apply(&bindings, &status_role_binding(id)?, "RoleBinding")
-                    .await
-            }
-            Err(error) => Err(error),
-        };
-        match applied {
-            Err(Error::PatchObject { source, kind, .. }) if is_status(&source, 403) => {
+        let ensured = async {
+            self.ensure(&roles, &status_role(id)?, "Role").await?;
+            self.ensure(&bindings, &status_role_binding(id)?, "RoleBinding")
+                .await
+        }
+        .await;
+        match ensured {
+            Err(
+                Error::PatchObject { source, kind, .. } | Error::ReadObjects { source, kind, .. },
+            ) if is_status(&source, 403) => {
                 tracing::warn!(
                     kind,
                     error = %source,
-                    "the manager may not grant the listener the right to report its state (create Roles and \
+                    "the manager may not grant the listener the right to report its state (Roles and \
                      RoleBindings in the controller namespace); the listener runs without reporting"
                 );
                 Ok(())
             }
-            other => other.map(drop),
+            other => other,
         }
+    }
+
+    /// Applies `desired` unless it is in place as this controller built it (same integrity hash, its labels,
+    /// its owner): a read instead of a write on every pass of every listener.
+    async fn ensure<K>(&self, api: &Api<K>, desired: &K, kind: &'static str) -> Result<()>
+    where
+        K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    {
+        let name = desired.meta().name.clone().unwrap_or_default();
+        let existing = api
+            .get_opt(&name)
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind,
+                namespace: self.namespace.clone(),
+                source: Box::new(source),
+            })?;
+        let in_place = existing.is_some_and(|existing| {
+            hash_of(&existing) == hash_of(desired)
+                && existing.owner_references() == desired.owner_references()
+                && desired
+                    .labels()
+                    .iter()
+                    .all(|(key, value)| existing.labels().get(key) == Some(value))
+        });
+        if !in_place {
+            self.apply(api, desired, kind).await?;
+        }
+        Ok(())
     }
 
     /// The RoleBinding; its `roleRef` cannot change in place, so a binding pointing elsewhere is replaced.
