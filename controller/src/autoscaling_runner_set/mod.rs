@@ -345,6 +345,55 @@ mod tests {
         assert_eq!(passed, expected);
     }
 
+    /// The listener's heartbeat (a newer poll time, new figures, a retried error's time) does not start a pass
+    /// of the set; a change of the verdict does.
+    #[tokio::test]
+    async fn only_verdict_changes_of_the_listeners_report_start_a_pass() {
+        use crds::{AutoscalingListenerStatus, ListenerError};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use k8s_openapi::jiff::Timestamp;
+        let at = |s: i64| Some(Time(Timestamp::from_second(1_700_000_000 + s).unwrap()));
+        let report = |poll: i64, error: Option<(&str, i64)>, desired: i64| {
+            let mut listener = AutoscalingListener::new("l", Default::default());
+            listener.metadata.namespace = Some("arc".into());
+            listener.metadata.uid = Some("u".into());
+            listener.status = Some(AutoscalingListenerStatus {
+                session_held: Some(true),
+                session_since: at(0),
+                last_poll_time: at(poll),
+                desired_runners: Some(desired),
+                last_error: error.map(|(category, time)| ListenerError {
+                    category: category.into(),
+                    message: format!("{category} at {time}"),
+                    time: at(time),
+                }),
+                ..Default::default()
+            });
+            listener
+        };
+        let events = [
+            (report(10, None, 1), true),
+            (report(40, None, 2), false),
+            (report(70, Some(("ServiceUnreachable", 75)), 2), true),
+            (report(70, Some(("ServiceUnreachable", 90)), 2), false),
+            (report(70, Some(("CredentialsRejected", 95)), 2), true),
+            (report(100, Some(("CredentialsRejected", 95)), 2), true),
+            (report(130, Some(("CredentialsRejected", 95)), 3), false),
+        ];
+        let expected: Vec<bool> = events.iter().map(|(_, passes)| *passes).collect();
+        let stream = futures::stream::iter(events.into_iter().map(|(l, _)| Arc::new(l)));
+        let passed: Vec<_> = listener_changes(stream)
+            .map(|l| l.status.as_ref().unwrap().last_poll_time.clone())
+            .collect()
+            .await;
+        assert_eq!(
+            passed.len(),
+            expected.iter().filter(|p| **p).count(),
+            "{passed:?}"
+        );
+        assert_eq!(passed, vec![at(10), at(70), at(70), at(100)]);
+    }
+
     #[test]
     fn derived_objects_map_back_by_label() {
         let mut pod = Pod::default();
