@@ -1,7 +1,7 @@
 //! The state shared by every reconciler: clients, stores, metrics, options, and small in-memory books
 //! (error backoff, scale expectations, runner disruption history).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -281,9 +281,14 @@ pub struct RunnerMemory {
     disruptions: Mutex<HashMap<String, (u32, Instant)>>,
     checked: Mutex<HashMap<String, Instant>>,
     /// Registrations removed from the service, by runner uid: the set controller's scale-down removes one before
-    /// it deletes the runner, whose finalizer then need not ask the service again.
-    deregistered: Mutex<HashMap<String, HashSet<i64>>>,
+    /// it deletes the runner, whose finalizer then need not ask the service again. Kept past the runner's deletion
+    /// event (a pass that began just before it may still finalize once more), for the last
+    /// [`DEREGISTRATIONS_KEPT`] runners: asking the service again is harmless, only a wasted call.
+    deregistered: Mutex<(HashMap<String, HashSet<i64>>, VecDeque<String>)>,
 }
+
+/// How many runners' removed registrations [`RunnerMemory`] keeps (a few hundred KiB at most).
+const DEREGISTRATIONS_KEPT: usize = 4096;
 
 impl RunnerMemory {
     /// Records a disruption of runner `uid`; returns how many it had.
@@ -324,24 +329,31 @@ impl RunnerMemory {
 
     /// Records that registration `runner_id` of runner `uid` was removed from the service.
     pub fn deregistered(&self, uid: &str, runner_id: i64) {
-        lock(&self.deregistered)
-            .entry(uid.to_owned())
-            .or_default()
-            .insert(runner_id);
+        let mut guard = lock(&self.deregistered);
+        let (ids, order) = &mut *guard;
+        if !ids.contains_key(uid) {
+            order.push_back(uid.to_owned());
+            if order.len() > DEREGISTRATIONS_KEPT
+                && let Some(oldest) = order.pop_front()
+            {
+                ids.remove(&oldest);
+            }
+        }
+        ids.entry(uid.to_owned()).or_default().insert(runner_id);
     }
 
     /// Whether registration `runner_id` of runner `uid` was removed (by either controller).
     pub fn was_deregistered(&self, uid: &str, runner_id: i64) -> bool {
         lock(&self.deregistered)
+            .0
             .get(uid)
             .is_some_and(|ids| ids.contains(&runner_id))
     }
 
-    /// Forgets runner `uid` (deleted).
+    /// Forgets runner `uid` (deleted), but for its removed registrations (see [`RunnerMemory::deregistered`]).
     pub fn forget(&self, uid: &str) {
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
-        lock(&self.deregistered).remove(uid);
     }
 }
 
@@ -411,7 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn deregistrations_are_remembered_per_registration_until_the_runner_is_gone() {
+    fn deregistrations_are_remembered_per_registration_for_the_last_runners() {
         let memory = RunnerMemory::default();
         assert!(!memory.was_deregistered("u", 7));
         memory.deregistered("u", 7);
@@ -419,7 +431,14 @@ mod tests {
         // A new pod of the same runner registers anew: that registration is not covered.
         assert!(!memory.was_deregistered("u", 8));
         assert!(!memory.was_deregistered("v", 7));
+        // A pass that began before the deletion event may still finalize: the removal is kept.
         memory.forget("u");
+        assert!(memory.was_deregistered("u", 7));
+        // Bounded: the oldest runners go first.
+        for i in 0..DEREGISTRATIONS_KEPT {
+            memory.deregistered(&format!("r{i}"), 1);
+        }
         assert!(!memory.was_deregistered("u", 7));
+        assert!(memory.was_deregistered("r1", 1));
     }
 }
