@@ -480,7 +480,9 @@ async fn printer_columns_appear_in_the_table_api() {
             "Pending Runners",
             "Running Runners",
             "Finished Runners",
-            "Deleting Runners"
+            "Deleting Runners",
+            // Not in ARC: whether the set is served (its Ready condition).
+            "Served",
         ]
     );
     let cells = &t["rows"][0]["cells"];
