@@ -284,8 +284,11 @@ pub struct RunnerMemory {
     /// it deletes the runner, whose finalizer then need not ask the service again. Kept past the runner's deletion
     /// event (a pass that began just before it may still finalize once more), for the last
     /// [`DEREGISTRATIONS_KEPT`] runners: asking the service again is harmless, only a wasted call.
-    deregistered: Mutex<(HashMap<String, HashSet<i64>>, VecDeque<String>)>,
+    deregistered: Mutex<Deregistrations>,
 }
+
+/// Removed registrations by runner uid, and the uids in the order they came (the oldest go first).
+type Deregistrations = (HashMap<String, HashSet<i64>>, VecDeque<String>);
 
 /// How many runners' removed registrations [`RunnerMemory`] keeps (a few hundred KiB at most).
 const DEREGISTRATIONS_KEPT: usize = 4096;
