@@ -240,6 +240,40 @@ pub async fn delete_terminated_pod(
     }
 }
 
+/// The deletion timestamp as a predicate value: marking a custom resource for deletion gives it a new generation
+/// as well, and hashing the mark itself means a filter does not depend on that.
+pub fn deletion_mark<K: Resource>(obj: &K) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    obj.meta()
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Passes on only the objects whose `predicate` value changed, with kube-runtime's `predicate_filter` (which
+/// remembers each object by namespace, name and uid and forgets what it has not seen for an hour).
+///
+/// `predicate_filter` takes a stream of owned objects, while the manager's shared watches hand out `Arc`s: each
+/// caller is its watch's only subscriber, so taking each object out of its `Arc` and back normally copies nothing.
+pub fn changed_only<K>(
+    objects: impl futures::Stream<Item = std::sync::Arc<K>> + Send + 'static,
+    predicate: impl kube::runtime::Predicate<K> + Send + 'static,
+) -> impl futures::Stream<Item = std::sync::Arc<K>> + Send + 'static
+where
+    K: Resource + Clone + Send + Sync + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    objects
+        .map(|obj| Ok::<_, kube::runtime::watcher::Error>(std::sync::Arc::unwrap_or_clone(obj)))
+        .predicate_filter(predicate, kube::runtime::PredicateConfig::default())
+        // No errors: the stream above only holds `Ok`s.
+        .filter_map(|obj| futures::future::ready(obj.ok().map(std::sync::Arc::new)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,18 +19,18 @@ mod reconcile;
 pub mod resources;
 
 use std::future::Future;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kubeutil::{changed_only, deletion_mark};
 use crds::AutoscalingListener;
 use crds::constants::{LISTENER_NAME_LABEL, LISTENER_NAMESPACE_LABEL};
-use futures::{Stream, StreamExt, future};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
+use kube::runtime::{Controller, Predicate, predicates, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 pub use reconcile::{PodState, pod_state};
@@ -103,27 +103,11 @@ fn reacts_to(listener: &AutoscalingListener) -> Option<u64> {
         .hash_property(listener)
 }
 
-/// The deletion timestamp (independent of whether marking bumps the generation).
-fn deletion_mark(listener: &AutoscalingListener) -> Option<u64> {
-    let mut hasher = DefaultHasher::new();
-    listener
-        .meta()
-        .deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .hash(&mut hasher);
-    Some(hasher.finish())
-}
-
 /// Drops listener events that only changed the status (see [`reacts_to`]).
 fn without_status_changes(
     listeners: impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static,
 ) -> impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static {
-    listeners
-        .map(|listener| Ok::<_, watcher::Error>(Arc::unwrap_or_clone(listener)))
-        .predicate_filter(reacts_to, PredicateConfig::default())
-        // No errors: the stream above only holds `Ok`s.
-        .filter_map(|listener| future::ready(listener.ok().map(Arc::new)))
+    changed_only(listeners, reacts_to)
 }
 
 /// Runs the controller until `shutdown` resolves and in-flight reconciles finish. `rbac_namespace` limits the

@@ -25,13 +25,14 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use crate::kubeutil::{changed_only, deletion_mark};
 use crds::constants::{SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunnerSet};
-use futures::{Stream, StreamExt, future};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
+use kube::runtime::{Controller, Predicate, predicates};
 use kube::{Resource, ResourceExt};
 
 use crate::context::{Context, ErrorRequeue};
@@ -140,18 +141,6 @@ fn reacts_to(set: &AutoscalingRunnerSet) -> Option<u64> {
         .hash_property(set)
 }
 
-/// The deletion timestamp. Marking a custom resource for deletion gives it a new generation as well; hashing
-/// the mark itself means the filter does not depend on that.
-fn deletion_mark(set: &AutoscalingRunnerSet) -> Option<u64> {
-    let mut hasher = DefaultHasher::new();
-    set.meta()
-        .deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .hash(&mut hasher);
-    Some(hasher.finish())
-}
-
 /// Drops events that only changed an object's status (ARC filters on `resourceVersion`; status writes of this
 /// controller must not trigger the next pass, or a failing pass would loop).
 ///
@@ -162,10 +151,7 @@ fn deletion_mark(set: &AutoscalingRunnerSet) -> Option<u64> {
 fn without_status_changes(
     sets: impl Stream<Item = Arc<AutoscalingRunnerSet>> + Send + 'static,
 ) -> impl Stream<Item = Arc<AutoscalingRunnerSet>> + Send + 'static {
-    sets.map(|set| Ok::<_, watcher::Error>(Arc::unwrap_or_clone(set)))
-        .predicate_filter(reacts_to, PredicateConfig::default())
-        // No errors: the stream above only holds `Ok`s.
-        .filter_map(|set| future::ready(set.ok().map(Arc::new)))
+    changed_only(sets, reacts_to)
 }
 
 /// What the set's conditions read from an AutoscalingListener: its metadata (a new spec replaces it) and the
@@ -210,10 +196,7 @@ fn listener_reacts_to(listener: &AutoscalingListener) -> Option<u64> {
 fn listener_changes(
     listeners: impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static,
 ) -> impl Stream<Item = Arc<AutoscalingListener>> + Send + 'static {
-    listeners
-        .map(|listener| Ok::<_, watcher::Error>(Arc::unwrap_or_clone(listener)))
-        .predicate_filter(listener_reacts_to, PredicateConfig::default())
-        .filter_map(|listener| future::ready(listener.ok().map(Arc::new)))
+    changed_only(listeners, listener_reacts_to)
 }
 
 /// The AutoscalingRunnerSet an object derived from it belongs to, by its scale-set labels.
