@@ -982,7 +982,16 @@ impl<'a> Step<'a> {
             self.apply_job_metadata(&metadata, &pod_uid).await?;
         }
         match judge_pod(pod) {
-            PodVerdict::Wait => Ok(Action::requeue(self.ctx.options.resync_interval)),
+            PodVerdict::Wait => {
+                // A pod made just before a restart, whose status write was lost: record the identity now, or the
+                // runner stays unregistered in the set's eyes until its pod reports a container.
+                if let Some(identity) = identity {
+                    let mut patch = StatusPatch::default();
+                    self.record_identity(identity, &mut patch);
+                    self.patch_status(&patch).await?;
+                }
+                Ok(Action::requeue(self.ctx.options.resync_interval))
+            }
             PodVerdict::Progress {
                 phase,
                 ready,
