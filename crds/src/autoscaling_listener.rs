@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{MetricsConfig, ProxyConfig, ResourceMeta, TlsConfig, VaultConfig};
 use crate::is_zero;
+use crate::schedule::MinRunnersSchedule;
 
 // No field is schema-required; all are omitted from JSON when empty (Go `omitempty`).
 /// Desired state of a listener.
@@ -69,6 +70,14 @@ pub struct AutoscalingListenerSpec {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = 0), transform = crate::schema::go_int)]
     pub min_runners: i64,
+    /// Not in ARC: the AutoscalingRunnerSet's `minRunnersSchedules`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub min_runners_schedules: Vec<MinRunnersSchedule>,
+    /// Not in ARC: the AutoscalingRunnerSet's `scaleDownDelaySeconds` (0: off).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0, max = 86400), transform = crate::schema::go_int)]
+    pub scale_down_delay_seconds: i64,
     /// Listener container image.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,

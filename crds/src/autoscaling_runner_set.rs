@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{MetricsConfig, ProxyConfig, ResourceMeta, TlsConfig, VaultConfig};
+use crate::schedule::MinRunnersSchedule;
 
 // No field is schema-required; all are omitted from JSON when empty (Go `omitempty`).
 /// Desired state of a runner scale set.
@@ -109,6 +110,16 @@ pub struct AutoscalingRunnerSetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0), transform = crate::schema::go_int)]
     pub min_runners: Option<i64>,
+    /// Not in ARC: time windows (recurring, in an IANA time zone) in which another minimum replaces
+    /// `minRunners`; where windows overlap the highest minimum wins. Absent: `minRunners` always applies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub min_runners_schedules: Vec<MinRunnersSchedule>,
+    /// Not in ARC: after demand falls, the desired runner count stays at its peak of the last this many seconds
+    /// (never above `maxRunners`), so the next burst finds idle runners. Absent or 0: off, as in ARC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400), transform = crate::schema::go_int)]
+    pub scale_down_delay_seconds: Option<i64>,
 }
 
 // Fields are always serialised, zero values included (not `omitempty` in ARC).
@@ -141,6 +152,13 @@ pub struct AutoscalingRunnerSetStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = crate::schema::no_default)]
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    /// Not in ARC, only with `minRunnersSchedules`: the minimum in effect (a window's or `minRunners`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::go_int)]
+    pub effective_min_runners: Option<i64>,
+    /// Not in ARC: the schedule whose window sets the minimum now; absent outside all windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_min_runners_schedule: Option<String>,
 }
 
 impl AutoscalingRunnerSetSpec {
@@ -156,6 +174,15 @@ impl AutoscalingRunnerSetSpec {
     /// Effective minimum number of runners (absent ⇒ 0).
     pub fn effective_min_runners(&self) -> i64 {
         self.min_runners.unwrap_or(0)
+    }
+
+    /// The scale-down delay (absent or negative ⇒ 0, off).
+    pub fn scale_down_delay(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.scale_down_delay_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or(0),
+        )
     }
 
     /// Effective maximum number of runners (absent ⇒ `i32::MAX`, as ARC).

@@ -11,6 +11,7 @@ pub mod appconfig;
 pub mod common;
 pub mod constants;
 pub mod names;
+pub mod schedule;
 pub mod schema;
 pub mod version;
 

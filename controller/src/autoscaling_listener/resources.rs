@@ -21,6 +21,7 @@ use crds::constants::{
     LISTENER_NAMESPACE_ENV, LISTENER_NAMESPACE_LABEL, SCALE_SET_NAME_LABEL,
     SCALE_SET_NAMESPACE_LABEL,
 };
+use crds::schedule::MinRunnersSchedule;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -348,6 +349,16 @@ struct ListenerConfigJson<'a> {
     metrics_addr: &'a str,
     metrics_endpoint: &'a str,
     metrics: Option<&'a MetricsConfig>,
+    // Not in ARC (whose listener ignores unknown keys); left out when unset, so ARC's file is unchanged.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    min_runners_schedules: &'a [MinRunnersSchedule],
+    #[serde(skip_serializing_if = "is_zero")]
+    scale_down_delay_seconds: i64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde passes a reference
+fn is_zero(value: &i64) -> bool {
+    *value == 0
 }
 
 /// The listener's `config.json` (with a trailing newline, as ARC writes it). `credentials` is `None` only when
@@ -376,6 +387,8 @@ pub fn listener_config(
     if spec.max_runners < spec.min_runners {
         return Err(invalid("maxRunners is less than minRunners"));
     }
+    crds::schedule::check(&spec.min_runners_schedules, spec.max_runners)
+        .map_err(|e| invalid(&e.to_string()))?;
     let mut config = ListenerConfigJson {
         configure_url: &spec.github_config_url,
         vault_type: "",
@@ -397,6 +410,8 @@ pub fn listener_config(
         metrics_addr: settings.metrics_addr,
         metrics_endpoint: settings.metrics_endpoint,
         metrics: spec.metrics.as_ref(),
+        min_runners_schedules: &spec.min_runners_schedules,
+        scale_down_delay_seconds: spec.scale_down_delay_seconds,
     };
     match (&spec.vault_config, credentials) {
         (Some(vault), _) => {
@@ -858,6 +873,41 @@ mod tests {
         let value: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["github_app_installation_id"], 34);
         assert_eq!(value["github_token"], "");
+    }
+
+    #[test]
+    fn schedules_and_delay_reach_the_config_and_are_checked() {
+        let settings = ConfigSettings::default();
+        let token = GitHubCredentials::Token("t".to_owned());
+        let mut scheduled = listener();
+        scheduled.spec.min_runners_schedules = vec![MinRunnersSchedule {
+            name: "office".to_owned(),
+            min_runners: 3,
+            start: "09:00".to_owned(),
+            end: "17:00".to_owned(),
+            time_zone: "Europe/Berlin".to_owned(),
+            ..MinRunnersSchedule::default()
+        }];
+        scheduled.spec.scale_down_delay_seconds = 120;
+        let text = listener_config(&scheduled, Some(&token), "", &settings).unwrap();
+        let value: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            value["min_runners_schedules"],
+            json!([{"name": "office", "minRunners": 3, "start": "09:00", "end": "17:00", "timeZone": "Europe/Berlin"}])
+        );
+        assert_eq!(value["scale_down_delay_seconds"], 120);
+        // A window above maxRunners (5), or an unknown zone, is refused with the schedule named.
+        let mut bad = scheduled.clone();
+        bad.spec.min_runners_schedules[0].min_runners = 6;
+        let error = listener_config(&bad, Some(&token), "", &settings).unwrap_err();
+        assert!(
+            error.to_string().contains("\"office\": minRunners (6)"),
+            "{error}"
+        );
+        let mut bad = scheduled;
+        bad.spec.min_runners_schedules[0].time_zone = "Nowhere/Else".to_owned();
+        let error = listener_config(&bad, Some(&token), "", &settings).unwrap_err();
+        assert!(error.to_string().contains("Nowhere/Else"), "{error}");
     }
 
     #[test]

@@ -196,6 +196,8 @@ pub fn desired_listener(
         ephemeral_runner_set_name: runner_set.name_any(),
         max_runners: spec.effective_max_runners(),
         min_runners: spec.effective_min_runners(),
+        min_runners_schedules: spec.min_runners_schedules.clone(),
+        scale_down_delay_seconds: spec.scale_down_delay_seconds.unwrap_or(0),
         image: inputs.image.to_owned(),
         image_pull_secrets: inputs
             .image_pull_secrets

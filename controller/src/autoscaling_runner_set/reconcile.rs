@@ -162,7 +162,7 @@ pub fn check_runner_bounds(
             "minRunners ({min}) is greater than maxRunners ({max})"
         ));
     }
-    Ok(())
+    crds::schedule::check(&spec.min_runners_schedules, max).map_err(|e| e.to_string())
 }
 
 /// Outcome of the scale-set step.
