@@ -98,6 +98,7 @@ impl SimulatorConfig {
             job_result: self.job_result.clone(),
             exit_code: self.exit_code,
             poll_interval: self.poll_interval,
+            ..JobBehaviour::default()
         }
     }
 }
@@ -125,6 +126,10 @@ impl RunnerService for InProcess<'_> {
 
     async fn start_job(&self, job: i64) -> bool {
         self.0.start_job(job).is_ok()
+    }
+
+    async fn renew_job(&self, job: i64) -> Option<bool> {
+        Some(self.0.renew_job(job).is_ok())
     }
 
     async fn finish_job(&self, job: i64, result: &str) -> bool {

@@ -34,6 +34,9 @@ const RELEASE: &str = "arc-node";
 const RUNNER_POD_SELECTOR: &str = "actions-ephemeral-runner=True";
 /// How long the runner image runs each job.
 const JOB_MS: &str = "3000";
+/// How long the fake waits for a renewal of a running job before it takes the runner for lost (the service
+/// waits minutes; the runner image renews every second).
+const RUNNER_LOST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One test at a time (see the module's doc).
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -148,6 +151,8 @@ impl NodeWorld {
         let fake = FakeActionsService::start(fake_actions_service::Config {
             session_idle_timeout: Some(Duration::from_secs(20)),
             long_poll_timeout: Duration::from_secs(10),
+            // The runner image renews its running job every second; one that dies is lost after this.
+            runner_lost_timeout: Some(RUNNER_LOST_TIMEOUT),
             ..fake_actions_service::Config::default()
         })
         .await
@@ -882,11 +887,12 @@ async fn a_busy_runners_pod_deleted_is_deregistered_and_deleted_with_an_event() 
     world.finish().await;
 }
 
+/// A runner OOM-killed mid-job: the kubelet reports `OOMKilled`/137 and the pod fails. The service still
+/// counts the runner busy until it stops hearing from it (the fake's lost-runner timeout, as the service fails
+/// the job of a runner that lost communication), so the controller cannot deregister it at once; it must not
+/// restart it either (the job is gone). What ARC users expect: the runner is deleted with a Warning Event once
+/// the service lets it go, the job fails once and is not run again, nothing is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on the current controller: after the OOM kill (pod Failed, reason OOMKilled, exit 137) the \
-            runner controller retries deregistration every ~0.5 s while the service reports the runner busy, \
-            never deletes the EphemeralRunner, and its status stays Running/ready; docs/runner-lifecycle.md says \
-            a runner that holds a job is deleted when its pod fails. Run it with --ignored once fixed."]
 async fn a_busy_runner_oom_killed_is_deregistered_and_deleted_with_an_event() {
     let Some(parts) = node_tier("e2e: busy runner OOM-killed") else {
         return;
@@ -976,6 +982,11 @@ async fn a_busy_runner_oom_killed_is_deregistered_and_deleted_with_an_event() {
     );
     let job = world.fake.state().job(ids[0]).expect("job");
     assert_eq!(job.times_started, 1, "the job was not run again: {job:?}");
+    assert_eq!(
+        (job.state, job.result.as_deref(), job.runner_lost),
+        (JobState::Completed, Some("failed"), true),
+        "the service failed the job of its lost runner: {job:?}"
+    );
     world.wait_idle(0).await;
     world.uninstall_leaves_nothing().await;
     world.finish().await;

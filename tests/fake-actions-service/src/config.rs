@@ -34,6 +34,13 @@ pub struct Config {
     pub auto_start_jobs: bool,
     /// Running jobs complete with result `succeeded` after this long.
     pub auto_complete_after: Option<Duration>,
+    /// A runner running a job renews it periodically (`POST /_fake/jobs/{id}/renew`), as the runner renews
+    /// its job request with the service; a job not renewed for this long is failed (result `failed`, the
+    /// job marked `runnerLost`) and its runner is gone, as the service does with a runner that lost
+    /// communication (an OOM-killed or crashed runner, a node gone). `None`: runners are never lost (jobs
+    /// started with no runner process behind them, `auto_start_jobs`). The service waits minutes; tests set
+    /// seconds, above the renewal interval of their runners.
+    pub runner_lost_timeout: Option<Duration>,
     /// Most job messages in one queue message; the service caps batches at 50.
     pub max_job_messages_per_message: usize,
     /// Start every Actions Service and queue JSON body with a UTF-8 byte order mark, as the real service does;
@@ -58,6 +65,7 @@ impl Default for Config {
             auto_online_runners: false,
             auto_start_jobs: false,
             auto_complete_after: None,
+            runner_lost_timeout: None,
             max_job_messages_per_message: 50,
             byte_order_mark: false,
             seed: None,

@@ -249,6 +249,9 @@ pub struct JobView {
     pub times_started: u32,
     /// Times requeued by the control API or a scale-set deletion.
     pub times_requeued: u32,
+    /// Failed because its runner stopped renewing it (see `Config::runner_lost_timeout`).
+    #[serde(default)]
+    pub runner_lost: bool,
 }
 
 /// Everything the fake holds, for assertions.

@@ -45,7 +45,7 @@ pub use wire::Statistics;
 use server::Shared;
 use state::{Clock, State};
 
-/// How often auto-completion of jobs is checked.
+/// How often auto-completion of jobs and lost runners are checked.
 const TICK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// A running fake. Dropping it stops the server.
@@ -81,7 +81,7 @@ impl FakeActionsService {
             config.byte_order_mark,
         ));
         let shutdown = shared.shutdown_token().clone();
-        if config.auto_complete_after.is_some() {
+        if config.auto_complete_after.is_some() || config.runner_lost_timeout.is_some() {
             tokio::spawn(tick(Arc::clone(&shared)));
         }
         let app = server::router(Arc::clone(&shared));
@@ -208,6 +208,13 @@ impl StateHandle {
     /// Start a job held by a runner (`POST /_fake/jobs/{id}/start`).
     pub fn start_job(&self, id: i64) -> Result<JobView, Rejection> {
         self.shared.mutate(|state| state.start_job(id))
+    }
+
+    /// Renew a running job, as its runner does while it runs it (`POST /_fake/jobs/{id}/renew`); 409 once
+    /// the job is no longer running.
+    pub fn renew_job(&self, id: i64) -> Result<JobView, Rejection> {
+        // Not a change anyone waits for: no wake-up, so hundreds of renewing runners cost no re-checks.
+        self.shared.read(|state| state.renew_job(id))
     }
 
     /// Finish a job with `result` (`POST /_fake/jobs/{id}/finish`).

@@ -56,6 +56,9 @@ struct Args {
     /// Running jobs succeed after this many milliseconds.
     #[arg(long)]
     auto_complete_after_ms: Option<u64>,
+    /// A running job not renewed by its runner for this many milliseconds fails, and its runner is gone.
+    #[arg(long)]
+    runner_lost_timeout_ms: Option<u64>,
     /// Prefix Actions Service bodies with a UTF-8 byte order mark, as the real service does.
     #[arg(long)]
     byte_order_mark: bool,
@@ -94,6 +97,7 @@ impl Args {
             auto_online_runners: self.auto_online_runners,
             auto_start_jobs: self.auto_start_jobs,
             auto_complete_after: self.auto_complete_after_ms.map(Duration::from_millis),
+            runner_lost_timeout: self.runner_lost_timeout_ms.map(Duration::from_millis),
             byte_order_mark: self.byte_order_mark,
             seed: self.seed,
             ..Config::default()

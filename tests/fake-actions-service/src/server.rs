@@ -129,6 +129,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/_fake/jobs", post(enqueue_jobs))
         .route("/_fake/jobs/{id}", get(job))
         .route("/_fake/jobs/{id}/start", post(start_job))
+        .route("/_fake/jobs/{id}/renew", post(renew_job))
         .route("/_fake/jobs/{id}/finish", post(finish_job))
         .route("/_fake/jobs/{id}/cancel", post(cancel_job))
         .route("/_fake/jobs/{id}/requeue", post(requeue_job))
@@ -354,6 +355,10 @@ async fn job(AxumState(shared): SharedState, Path(id): Path<i64>) -> Response {
 
 async fn start_job(AxumState(shared): SharedState, Path(id): Path<i64>) -> Response {
     control(shared.mutate(|state| state.start_job(id)))
+}
+
+async fn renew_job(AxumState(shared): SharedState, Path(id): Path<i64>) -> Response {
+    control(shared.read(|state| state.renew_job(id)))
 }
 
 async fn finish_job(AxumState(shared): SharedState, Path(id): Path<i64>, bytes: Bytes) -> Response {

@@ -31,6 +31,9 @@ pub mod env {
     pub const EXIT_CODE: &str = "ARC_RS_RUNNER_EXIT_CODE";
     /// How often the runner asks for its job, in milliseconds (default 200).
     pub const POLL_MS: &str = "ARC_RS_RUNNER_POLL_MS";
+    /// How often the runner renews the job it runs, in milliseconds (default 1000); a runner that stops
+    /// renewing (killed, its node gone) is lost once the fake's `runner_lost_timeout` passes.
+    pub const RENEW_MS: &str = "ARC_RS_RUNNER_RENEW_MS";
     /// `1`: the process starts and then does nothing at all (never reports online, never exits).
     pub const HANG: &str = "ARC_RS_RUNNER_HANG";
     /// `1`: SIGTERM is logged and ignored; only SIGKILL (the end of the grace period) stops the runner.

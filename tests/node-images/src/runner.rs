@@ -30,6 +30,10 @@ pub trait RunnerService: Sync {
     fn poll(&self, runner_id: i64) -> impl Future<Output = Poll> + Send;
     /// Starts the job; `false` when it was cancelled or requeued since it was assigned.
     fn start_job(&self, job: i64) -> impl Future<Output = bool> + Send;
+    /// Renews the running job, as the runner renews its job request while it runs it (a runner that stops
+    /// renewing is lost, and the service fails its job); `Some(false)` when the service says the job is over
+    /// (cancelled, or failed because the runner was taken for lost), `None` when it could not be asked.
+    fn renew_job(&self, job: i64) -> impl Future<Output = Option<bool>> + Send;
     /// Reports the job finished with `result`; `false` when the service no longer takes it (cancelled).
     fn finish_job(&self, job: i64, result: &str) -> impl Future<Output = bool> + Send;
     fn offline(&self, runner_id: i64) -> impl Future<Output = ()> + Send;
@@ -43,6 +47,9 @@ pub struct JobBehaviour {
     /// The runner's exit code after its job.
     pub exit_code: i32,
     pub poll_interval: Duration,
+    /// How often a running job is renewed (the actions/runner renews every 60 s; tests renew faster and run
+    /// the fake with a lost-runner timeout a few renewals long).
+    pub renew_interval: Duration,
 }
 
 impl Default for JobBehaviour {
@@ -52,6 +59,7 @@ impl Default for JobBehaviour {
             job_result: "succeeded".to_owned(),
             exit_code: 0,
             poll_interval: Duration::from_millis(200),
+            renew_interval: Duration::from_secs(1),
         }
     }
 }
@@ -133,8 +141,11 @@ impl Session {
                     }
                     self.holding = Holding::Started(job);
                     on_event(Event::Started(job));
-                    tokio::time::sleep(behaviour.job_duration).await;
-                    let reported = service.finish_job(job, &behaviour.job_result).await;
+                    let reported = if run_job(service, job, behaviour).await {
+                        service.finish_job(job, &behaviour.job_result).await
+                    } else {
+                        false
+                    };
                     self.holding = Holding::Nothing;
                     on_event(Event::Finished { job, reported });
                     return behaviour.exit_code;
@@ -158,6 +169,26 @@ impl Session {
                 service.offline(runner_id).await;
                 Termination::WentOffline
             }
+        }
+    }
+}
+
+/// Runs a started job for its duration, renewing it every `renew_interval`; `false` when the service says
+/// the job ended meanwhile (then there is no result to report: the runner stops, as the actions/runner does
+/// when its job is cancelled).
+async fn run_job<S: RunnerService>(service: &S, job: i64, behaviour: &JobBehaviour) -> bool {
+    let ends = tokio::time::Instant::now() + behaviour.job_duration;
+    let renew_every = behaviour.renew_interval.max(Duration::from_millis(10));
+    loop {
+        let next = tokio::time::Instant::now() + renew_every;
+        if next >= ends {
+            tokio::time::sleep_until(ends).await;
+            return true;
+        }
+        tokio::time::sleep_until(next).await;
+        // An unanswered renewal is retried at the next one; the service's lost-runner timeout spans several.
+        if service.renew_job(job).await == Some(false) {
+            return false;
         }
     }
 }
@@ -220,6 +251,7 @@ impl Switches {
                 job_result: var(env::JOB_RESULT).unwrap_or(defaults.job_result),
                 exit_code,
                 poll_interval: millis(env::POLL_MS, defaults.poll_interval)?,
+                renew_interval: millis(env::RENEW_MS, defaults.renew_interval)?,
             },
             hang: flag(env::HANG)?,
             ignore_sigterm: flag(env::IGNORE_SIGTERM)?,
@@ -301,6 +333,15 @@ pub mod http {
                 .is_some_and(|r| r.status().is_success())
         }
 
+        async fn renew_job(&self, job: i64) -> Option<bool> {
+            let response = self.post(&format!("/jobs/{job}/renew"), json!({})).await?;
+            match response.status() {
+                status if status.is_success() => Some(true),
+                reqwest::StatusCode::CONFLICT | reqwest::StatusCode::NOT_FOUND => Some(false),
+                _ => None,
+            }
+        }
+
         async fn finish_job(&self, job: i64, result: &str) -> bool {
             self.post(&format!("/jobs/{job}/finish"), json!({"result": result}))
                 .await
@@ -360,6 +401,8 @@ mod tests {
     struct Script {
         polls: Mutex<Vec<Poll>>,
         start_ok: bool,
+        /// Answers to renewals, in order; then `Some(true)`.
+        renewals: Mutex<Vec<bool>>,
         calls: Mutex<Vec<String>>,
     }
 
@@ -383,6 +426,15 @@ mod tests {
         async fn start_job(&self, job: i64) -> bool {
             self.calls.lock().unwrap().push(format!("start {job}"));
             self.start_ok
+        }
+        async fn renew_job(&self, job: i64) -> Option<bool> {
+            self.calls.lock().unwrap().push(format!("renew {job}"));
+            let mut renewals = self.renewals.lock().unwrap();
+            if renewals.is_empty() {
+                Some(true)
+            } else {
+                Some(renewals.remove(0))
+            }
         }
         async fn finish_job(&self, job: i64, result: &str) -> bool {
             self.calls
@@ -435,6 +487,69 @@ mod tests {
             vec!["online jit", "start 11", "finish 11 succeeded"]
         );
         assert_eq!(session.holding, Holding::Nothing);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_running_job_is_renewed_and_a_refused_renewal_ends_it_unreported() {
+        let behaviour = JobBehaviour {
+            job_duration: Duration::from_millis(3500),
+            renew_interval: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(1),
+            ..JobBehaviour::default()
+        };
+        let service = Script {
+            polls: Mutex::new(vec![Poll::Job(11)]),
+            start_ok: true,
+            ..Script::default()
+        };
+        let mut session = Session::default();
+        session
+            .run(&service, "jit", &behaviour, &mut |_| {})
+            .await
+            .unwrap();
+        assert_eq!(
+            *service.calls.lock().unwrap(),
+            vec![
+                "online jit",
+                "start 11",
+                "renew 11",
+                "renew 11",
+                "renew 11",
+                "finish 11 succeeded"
+            ],
+            "renewed every second of a 3.5 s job, then finished"
+        );
+
+        let service = Script {
+            polls: Mutex::new(vec![Poll::Job(12)]),
+            start_ok: true,
+            renewals: Mutex::new(vec![true, false]),
+            ..Script::default()
+        };
+        let mut events = Vec::new();
+        let mut session = Session::default();
+        let started = tokio::time::Instant::now();
+        session
+            .run(&service, "jit", &behaviour, &mut |e| events.push(e))
+            .await
+            .unwrap();
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(2),
+            "stopped at the refused renewal"
+        );
+        assert_eq!(
+            *service.calls.lock().unwrap(),
+            vec!["online jit", "start 12", "renew 12", "renew 12"],
+            "nothing reported for a job the service ended"
+        );
+        assert_eq!(
+            events.last(),
+            Some(&Event::Finished {
+                job: 12,
+                reported: false
+            })
+        );
     }
 
     #[tokio::test]

@@ -89,6 +89,7 @@ struct Settings {
     auto_online_runners: bool,
     auto_start_jobs: bool,
     auto_complete_after: Option<i64>,
+    runner_lost_timeout: Option<i64>,
     max_job_messages: usize,
 }
 
@@ -188,6 +189,10 @@ struct JobRec {
     runner_assign_ms: Option<i64>,
     finish_ms: Option<i64>,
     running_since_ms: Option<i64>,
+    /// When its runner last renewed it (the start counts as a renewal).
+    renewed_ms: Option<i64>,
+    /// Failed because its runner stopped renewing it.
+    runner_lost: bool,
     /// `JobAvailable` messages queued or delivered but not acknowledged; a new session re-offers an available
     /// job only when this is 0, so a listener that acked the offer and crashed before acquiring still gets it.
     offers_outstanding: u32,
@@ -256,6 +261,7 @@ impl State {
                 auto_online_runners: config.auto_online_runners,
                 auto_start_jobs: config.auto_start_jobs,
                 auto_complete_after: config.auto_complete_after.map(millis),
+                runner_lost_timeout: config.runner_lost_timeout.map(millis),
                 max_job_messages: config.max_job_messages_per_message.max(1),
             },
             clock,
@@ -1483,6 +1489,7 @@ impl State {
             job.state = JobState::Running;
             job.times_started += 1;
             job.running_since_ms = Some(now);
+            job.renewed_ms = Some(now);
         }
         self.emit(job_id, JOB_STARTED);
     }
@@ -1600,6 +1607,8 @@ impl State {
                 runner_assign_ms: None,
                 finish_ms: None,
                 running_since_ms: None,
+                renewed_ms: None,
+                runner_lost: false,
                 offers_outstanding: 0,
                 times_acquired: 0,
                 times_started: 0,
@@ -1628,6 +1637,23 @@ impl State {
             ));
         }
         self.begin_job(id);
+        self.job_view(id)
+    }
+
+    /// The runner running the job renews it (the runner's periodic job-request renewal): it is still there.
+    /// 409 once the job is no longer running (finished, cancelled, or failed because the runner was lost), so
+    /// the runner knows to stop.
+    pub fn renew_job(&mut self, id: i64) -> Result<JobView, Rejection> {
+        let now = self.now_ms();
+        let job = self.job_mut(id)?;
+        if job.state != JobState::Running {
+            let state = job.state;
+            return Err(Rejection::new(
+                409,
+                format!("job {id} is {state:?}; only a running job is renewed"),
+            ));
+        }
+        job.renewed_ms = Some(now);
         self.job_view(id)
     }
 
@@ -1866,27 +1892,40 @@ impl State {
         count
     }
 
-    /// Complete running jobs older than `auto_complete_after`; returns whether anything changed.
+    /// Complete running jobs older than `auto_complete_after`, and fail running jobs whose runner stopped
+    /// renewing them for `runner_lost_timeout` (the runner is gone with its job); returns whether anything
+    /// changed.
     pub fn tick(&mut self) -> bool {
-        let Some(after) = self.settings.auto_complete_after else {
-            return false;
-        };
         let now = self.now_ms();
-        let due: Vec<i64> = self
-            .jobs
-            .values()
-            .filter(|job| {
-                job.state == JobState::Running
-                    && job
-                        .running_since_ms
-                        .is_some_and(|since| now - since >= after)
-            })
-            .map(|job| job.request_id)
-            .collect();
+        let auto_complete = self.settings.auto_complete_after;
+        let lost_after = self.settings.runner_lost_timeout;
+        let mut due = Vec::new();
+        let mut lost = Vec::new();
+        for job in self.jobs.values() {
+            if job.state != JobState::Running {
+                continue;
+            }
+            if auto_complete.is_some_and(|after| {
+                job.running_since_ms
+                    .is_some_and(|since| now - since >= after)
+            }) {
+                due.push(job.request_id);
+            } else if lost_after
+                .is_some_and(|after| job.renewed_ms.is_some_and(|renewed| now - renewed >= after))
+            {
+                lost.push(job.request_id);
+            }
+        }
         for id in &due {
             self.complete(*id, "succeeded");
         }
-        !due.is_empty()
+        for id in &lost {
+            if let Some(job) = self.jobs.get_mut(id) {
+                job.runner_lost = true;
+            }
+            self.complete(*id, "failed");
+        }
+        !due.is_empty() || !lost.is_empty()
     }
 
     // ---------------------------------------------------------------------------------------------------------
@@ -1934,6 +1973,7 @@ impl State {
             times_acquired: job.times_acquired,
             times_started: job.times_started,
             times_requeued: job.times_requeued,
+            runner_lost: job.runner_lost,
         })
     }
 

@@ -661,6 +661,84 @@ fn enqueue_count_is_bounded() {
 }
 
 #[test]
+fn a_runner_that_stops_renewing_its_job_is_lost_with_it() {
+    let mut state = state_with(Config {
+        runner_lost_timeout: Some(Duration::from_secs(10)),
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let jobs = enqueue(&mut state, set, 2);
+    let r1 = jit(&mut state, tenant, set, "r1").runner.id;
+    let r2 = jit(&mut state, tenant, set, "r2").runner.id;
+    for runner in [r1, r2] {
+        state
+            .mark_runner_online(&RunnerSelector {
+                runner_id: Some(runner),
+                jit_config: None,
+            })
+            .unwrap();
+    }
+    state.acquire_jobs(tenant, set, &sess, &jobs).unwrap();
+    for job in &jobs {
+        state.start_job(*job).unwrap();
+    }
+    // Both renew within the timeout; then only the first keeps renewing.
+    state.advance(Duration::from_secs(8));
+    assert!(!state.tick());
+    for job in &jobs {
+        state.renew_job(*job).unwrap();
+    }
+    state.advance(Duration::from_secs(8));
+    state.renew_job(jobs[0]).unwrap();
+    assert!(!state.tick(), "8 s without a renewal is not lost yet");
+    state.advance(Duration::from_secs(2));
+    assert!(state.tick());
+    let lost = state.job_view(jobs[1]).unwrap();
+    assert_eq!(
+        (lost.state, lost.result.as_deref(), lost.runner_lost),
+        (JobState::Completed, Some("failed"), true)
+    );
+    let runner_of_lost = lost.runner_id.unwrap();
+    assert!(
+        state.runner_view(runner_of_lost).is_err(),
+        "the lost runner is gone from the service"
+    );
+    assert_eq!(state.remove_runner(tenant, runner_of_lost), Ok(()));
+    assert_eq!(
+        state.renew_job(jobs[1]).unwrap_err().status,
+        409,
+        "a late renewal tells the runner its job is over"
+    );
+    let alive = state.job_view(jobs[0]).unwrap();
+    assert_eq!((alive.state, alive.runner_lost), (JobState::Running, false));
+    assert_eq!(
+        state.finish_job(jobs[0], "succeeded").unwrap().state,
+        JobState::Completed
+    );
+    assert_eq!(state.renew_job(999).unwrap_err().status, 404);
+}
+
+#[test]
+fn without_a_lost_timeout_a_job_that_is_never_renewed_keeps_running() {
+    let mut state = state_with(Config {
+        auto_online_runners: true,
+        auto_start_jobs: true,
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let job = enqueue(&mut state, set, 1)[0];
+    jit(&mut state, tenant, set, "r1");
+    state.acquire_jobs(tenant, set, &sess, &[job]).unwrap();
+    state.advance(Duration::from_secs(86_400));
+    assert!(!state.tick());
+    assert_eq!(state.job_view(job).unwrap().state, JobState::Running);
+}
+
+#[test]
 fn lifecycle_transitions_are_guarded() {
     let mut state = state();
     let (tenant, _) = register(&mut state);
