@@ -59,12 +59,13 @@ pub struct MinRunnersSchedule {
     /// The minimum number of idle runners inside the window (replaces `minRunners`).
     #[schemars(range(min = 0), transform = crate::schema::go_int)]
     pub min_runners: i64,
-    /// Local start time, `HH:MM` (24-hour clock).
-    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    /// Local start time, `HH:MM` or `HH:MM:SS` (24-hour clock).
+    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?$"))]
     pub start: String,
-    /// Local end time, `HH:MM`; at or before `start` means the next day. Exactly one of `end` and `duration`.
+    /// Local end time, `HH:MM` or `HH:MM:SS`; at or before `start` means the next day. Exactly one of `end`
+    /// and `duration`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?$"))]
     pub end: String,
     /// Length of the window, e.g. `8h`, `90m`, `1h30m` (at most 168h). Exactly one of `end` and `duration`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -179,14 +180,22 @@ pub fn display_name(schedule: &MinRunnersSchedule, index: usize) -> String {
     }
 }
 
+/// `HH:MM` or `HH:MM:SS`.
 fn parse_time(text: &str) -> Option<Time> {
-    let (hours, minutes) = text.split_once(':')?;
-    if hours.len() != 2 || minutes.len() != 2 {
+    let parts: Vec<&str> = text.split(':').collect();
+    if !(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.len() != 2) {
         return None;
     }
-    let hours: i8 = hours.parse().ok()?;
-    let minutes: i8 = minutes.parse().ok()?;
-    Time::new(hours, minutes, 0, 0).ok()
+    let number = |part: &str| -> Option<i8> {
+        part.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    let seconds = match parts.get(2) {
+        Some(part) => number(part)?,
+        None => 0,
+    };
+    Time::new(number(parts[0])?, number(parts[1])?, seconds, 0).ok()
 }
 
 fn parse_date(text: &str) -> Option<Date> {
@@ -210,13 +219,19 @@ impl MinRunnersSchedule {
                 self.min_runners
             )));
         }
-        let start = parse_time(&self.start)
-            .ok_or_else(|| fail(format!("start {:?} is not a time HH:MM", self.start)))?;
+        let start = parse_time(&self.start).ok_or_else(|| {
+            fail(format!(
+                "start {:?} is not a time HH:MM or HH:MM:SS",
+                self.start
+            ))
+        })?;
         let length = match (self.end.is_empty(), self.duration.is_empty()) {
-            (false, true) => Length::Until(
-                parse_time(&self.end)
-                    .ok_or_else(|| fail(format!("end {:?} is not a time HH:MM", self.end)))?,
-            ),
+            (false, true) => Length::Until(parse_time(&self.end).ok_or_else(|| {
+                fail(format!(
+                    "end {:?} is not a time HH:MM or HH:MM:SS",
+                    self.end
+                ))
+            })?),
             (true, false) => {
                 let duration: SignedDuration = self.duration.parse().map_err(|_| {
                     fail(format!(

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::listener::{MessageLoop, ScaleSet, Settings};
 use crate::metrics::{Metrics, ScaleSetIdentity};
+use crate::policy::Policy;
 use crate::server::{BoundServer, Routes};
 use crate::status::{Publisher, Timing};
 use crate::target::KubeTarget;
@@ -127,7 +128,21 @@ impl Listener {
             &config.ephemeral_runner_set_namespace,
             &config.ephemeral_runner_set_name,
         );
-        let message_loop = MessageLoop::new(scale_set, settings, target, metrics, health)?;
+        let policy = Policy::new(
+            config.schedules()?,
+            config.min_runners,
+            config.max_runners,
+            config.scale_down_delay(),
+        );
+        if policy.is_active() {
+            tracing::info!(
+                schedules = config.min_runners_schedules.len(),
+                scale_down_delay_secs = config.scale_down_delay().as_secs(),
+                "scheduled minimums or a scale-down delay configured"
+            );
+        }
+        let message_loop =
+            MessageLoop::new(scale_set, settings, target, metrics, health)?.with_policy(policy);
         Ok(Self {
             message_loop,
             publisher,

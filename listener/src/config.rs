@@ -7,6 +7,7 @@ use std::path::Path;
 
 use actions_client::{Credentials, GitHubAppCredentials, GitHubConfig, SecretString};
 use crds::constants::{LISTENER_NAME_ENV, LISTENER_NAMESPACE_ENV};
+use crds::schedule::{MinRunnersSchedule, Schedule};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -20,6 +21,9 @@ pub const AZURE_KEY_VAULT: &str = "azure_key_vault";
 
 /// Largest `max_runners`: the capacity header and the ERS replica count are 32-bit in the reference.
 pub const MAX_RUNNERS_LIMIT: i64 = i32::MAX as i64;
+
+/// Longest scale-down delay, in seconds (a day).
+pub const MAX_SCALE_DOWN_DELAY_SECONDS: i64 = 86_400;
 
 /// Address `/healthz` is served on when neither `health_addr` nor `metrics_addr` is set (the chart probes it).
 pub const DEFAULT_HEALTH_ADDR: &str = ":8080";
@@ -71,6 +75,11 @@ pub struct Config {
     pub metrics_endpoint: String,
     /// Which ARC metrics to export with which labels; `None` is the default set.
     pub metrics: Option<MetricsSelection>,
+    /// Not in ARC: windows in which another minimum applies (the AutoscalingRunnerSet's `minRunnersSchedules`,
+    /// same JSON shape).
+    pub min_runners_schedules: Vec<MinRunnersSchedule>,
+    /// Not in ARC: how long the desired count keeps its recent peak after demand falls; 0 is off.
+    pub scale_down_delay_seconds: i64,
     /// Not in ARC: where `/healthz` is served. Unset: `metrics_addr` when set, else `:8080`. Empty: no
     /// health endpoint.
     pub health_addr: Option<String>,
@@ -234,6 +243,10 @@ pub enum ConfigProblem {
     MaxRunnersOutOfRange(i64),
     /// Only one of the two environment variables naming the AutoscalingListener is set.
     IncompleteStatusTarget,
+    /// A `min_runners_schedules` entry is unusable.
+    InvalidSchedule(String),
+    /// `scale_down_delay_seconds` is outside 0..=86400.
+    ScaleDownDelayOutOfRange(i64),
 }
 
 impl fmt::Display for ConfigProblem {
@@ -309,12 +322,17 @@ impl fmt::Display for ConfigProblem {
                 "{LISTENER_NAME_ENV} and {LISTENER_NAMESPACE_ENV} must be set together (they name the \
                  AutoscalingListener the listener reports to)"
             ),
+            Self::InvalidSchedule(problem) => f.write_str(problem),
+            Self::ScaleDownDelayOutOfRange(delay) => write!(
+                f,
+                "scale_down_delay_seconds ({delay}) must be between 0 and {MAX_SCALE_DOWN_DELAY_SECONDS}"
+            ),
         }
     }
 }
 
 /// Top-level keys, for Go's case-insensitive key matching.
-const KEYS: [&str; 21] = [
+const KEYS: [&str; 23] = [
     "configure_url",
     "vault_type",
     "vault_lookup_key",
@@ -336,6 +354,8 @@ const KEYS: [&str; 21] = [
     "metrics_endpoint",
     "metrics",
     "health_addr",
+    "min_runners_schedules",
+    "scale_down_delay_seconds",
 ];
 
 const CREDENTIAL_KEYS: [&str; 4] = [
@@ -452,7 +472,29 @@ impl Config {
                 self.max_runners,
             )));
         }
+        crds::schedule::check(&self.min_runners_schedules, self.max_runners)
+            .map_err(|e| invalid(ConfigProblem::InvalidSchedule(e.to_string())))?;
+        if !(0..=MAX_SCALE_DOWN_DELAY_SECONDS).contains(&self.scale_down_delay_seconds) {
+            return Err(invalid(ConfigProblem::ScaleDownDelayOutOfRange(
+                self.scale_down_delay_seconds,
+            )));
+        }
         Ok(())
+    }
+
+    /// The parsed schedules (checked by [`Config::validate`]).
+    pub fn schedules(&self) -> Result<Vec<Schedule>> {
+        crds::schedule::parse_all(&self.min_runners_schedules)
+            .map_err(|e| invalid(ConfigProblem::InvalidSchedule(e.to_string())))
+    }
+
+    /// The scale-down delay (0: off).
+    pub fn scale_down_delay(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.scale_down_delay_seconds
+                .clamp(0, MAX_SCALE_DOWN_DELAY_SECONDS)
+                .unsigned_abs(),
+        )
     }
 
     fn validate_azure_key_vault(&self) -> Result<()> {
@@ -758,6 +800,8 @@ impl fmt::Debug for Config {
             .field("metrics_endpoint", &self.metrics_endpoint)
             .field("metrics", &self.metrics)
             .field("health_addr", &self.health_addr)
+            .field("min_runners_schedules", &self.min_runners_schedules)
+            .field("scale_down_delay_seconds", &self.scale_down_delay_seconds)
             .field("status_target", &self.status_target)
             .finish()
     }

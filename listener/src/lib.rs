@@ -5,7 +5,8 @@
 //! `patchID`. See `docs/listener.md` for the configuration, metrics, health endpoint and failure behaviour.
 //!
 //! * [`config`]: the JSON config file and its validation.
-//! * [`scaling`] and [`backoff`]: the pure decisions (desired replicas, patch IDs) and the retry schedules.
+//! * [`scaling`] and [`backoff`]: the pure decisions (desired replicas, patch IDs) and the retry schedules;
+//!   [`policy`]: scheduled minimums and the scale-down delay (not in ARC).
 //! * [`listener`]: the message loop; [`target`]: the Kubernetes writes; [`status`]: what the controller is told,
 //!   in the AutoscalingListener's status.
 //! * [`metrics`], [`health`], [`server`]: observability.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod health;
 pub mod listener;
 pub mod metrics;
+pub mod policy;
 pub mod scaling;
 pub mod server;
 pub mod status;

@@ -38,6 +38,7 @@ use crate::backoff;
 use crate::error::{Error, Result, Severity};
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::policy::Policy;
 use crate::scaling::{Scaler, runner_job_status_patch, runner_set_patch};
 use crate::status::{Report, StatusHandle};
 use crate::target::{RunnerPatched, RunnerSetTarget};
@@ -149,6 +150,13 @@ pub struct MessageLoop<T> {
     fatal_waits: JitteredBackoff,
     /// What the controller is told (through the AutoscalingListener's status, when a publisher subscribes).
     status: StatusHandle,
+    /// Scheduled minimums and the scale-down delay (not in ARC; by default neither).
+    policy: Policy,
+    /// When the policy changes the target without a message (a window boundary, the end of a hold).
+    wake_at: Option<tokio::time::Instant>,
+    /// The minimum and the decision of the last scaling step.
+    last_min: i64,
+    last_decision: Option<crate::scaling::Decision>,
 }
 
 impl<T: RunnerSetTarget> MessageLoop<T> {
@@ -163,6 +171,12 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         let client = build_client(&scale_set)?;
         let transient_waits = JitteredBackoff::new(settings.transient_backoff);
         let fatal_waits = JitteredBackoff::new(settings.fatal_backoff);
+        let policy = Policy::new(
+            Vec::new(),
+            scale_set.min_runners,
+            i64::from(scale_set.max_runners),
+            Duration::ZERO,
+        );
         Ok(Self {
             scale_set,
             settings,
@@ -182,7 +196,19 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             transient_waits,
             fatal_waits,
             status: StatusHandle::new(),
+            policy,
+            wake_at: None,
+            last_min: 0,
+            last_decision: None,
         })
+    }
+
+    /// Replaces the scaling policy (scheduled minimums, scale-down delay); without this call the loop scales as
+    /// ARC's listener does.
+    #[must_use]
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// The loop's reports for the controller; the channel closes when the loop ends, after its last report.
@@ -238,16 +264,18 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             let desired = self.scale(self.latest.total_assigned_jobs).await?;
             self.record_desired(desired);
         }
-        let Some(session) = &self.session else {
+        let Some(session) = self.session.take() else {
             return Ok(Flow::Continue);
         };
         tracing::info!(
             last_message_id = self.last_message_id,
             "polling for a message"
         );
-        let polled = tokio::select! {
-            polled = session.get_message(self.last_message_id, self.scale_set.max_runners) => polled,
-            () = shutdown.cancelled() => return Ok(Flow::Stop),
+        // The session is out of `self` while the poll runs, so a policy wake-up can scale in the meantime.
+        let polled = self.poll_with_wakeups(&session, shutdown).await;
+        self.session = Some(session);
+        let Some(polled) = polled? else {
+            return Ok(Flow::Stop);
         };
         let message = polled.map_err(Error::GetMessage)?;
         self.health.poll_completed();
@@ -260,6 +288,43 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             Some(message) => self.process(message).await?,
         }
         Ok(Flow::Continue)
+    }
+
+    /// Long-polls, and meanwhile scales at each policy wake-up (a window opening or closing, a hold ending), so a
+    /// change no message announces is applied on time without cutting the poll short. `None`: shut down.
+    async fn poll_with_wakeups(
+        &mut self,
+        session: &MessageSessionClient,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<actions_client::Result<Option<RunnerScaleSetMessage>>>> {
+        let poll = session.get_message(self.last_message_id, self.scale_set.max_runners);
+        tokio::pin!(poll);
+        loop {
+            let wake = self.wake_at;
+            tokio::select! {
+                polled = &mut poll => return Ok(Some(polled)),
+                () = sleep_until(wake) => self.wake_up().await?,
+                () = shutdown.cancelled() => return Ok(None),
+            }
+        }
+    }
+
+    /// A scaling step without a message. When it lowers the target to the minimum, a second step follows at
+    /// once: nothing happened since the first, so it asks the set to converge and idle runners above the new
+    /// minimum leave now rather than at the next empty poll (busy runners stay: they count as assigned jobs).
+    async fn wake_up(&mut self) -> Result<()> {
+        self.wake_at = None;
+        tracing::info!("scaling policy changed the target (window boundary or end of a hold)");
+        let before = self.scaler.target();
+        let desired = self.scale(self.latest.total_assigned_jobs).await?;
+        self.record_desired(desired);
+        if desired < before
+            && desired == self.last_min
+            && self.last_decision.is_some_and(|d| d.patch_id != 0)
+        {
+            self.scale(self.latest.total_assigned_jobs).await?;
+        }
+        Ok(())
     }
 
     /// Creates a session and performs ARC's initial step: scale to the session's statistics. Jobs queued while
@@ -474,20 +539,34 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         }
     }
 
-    /// ARC's scaling step: decide, then always patch, even when nothing changed.
+    /// ARC's scaling step: decide, then always patch, even when nothing changed. The policy supplies the
+    /// minimum in effect and, while the scale-down delay holds a peak, the demand to scale for.
     async fn scale(&mut self, assigned_jobs: i64) -> Result<i64> {
-        let decision = self.scaler.decide(
+        let plan = self.policy.plan(
             assigned_jobs,
-            self.scale_set.min_runners,
+            jiff::Timestamp::now(),
+            tokio::time::Instant::now(),
+        );
+        self.wake_at = plan.wake_at;
+        self.last_min = plan.min_runners;
+        let decision = self.scaler.decide(
+            plan.assigned_jobs,
+            plan.min_runners,
             i64::from(self.scale_set.max_runners),
         );
+        self.last_decision = Some(decision);
+        if let Some(m) = &self.metrics {
+            m.record_policy(plan.min_runners, plan.held_runners);
+        }
         let patch = runner_set_patch(decision);
         tracing::info!(
             assigned_jobs,
             target = decision.target,
             patch_id = decision.patch_id,
-            min = self.scale_set.min_runners,
+            min = plan.min_runners,
             max = self.scale_set.max_runners,
+            schedule = plan.active_schedule.as_deref().unwrap_or(""),
+            held_runners = plan.held_runners,
             "scaling decision"
         );
         let result = retry_transient(&self.settings, "patch the EphemeralRunnerSet", || {
@@ -579,6 +658,14 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 tracing::error!(timeout = ?self.settings.close_timeout, "deleting the message session timed out")
             }
         }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -383,6 +383,8 @@ struct ListenerMetrics {
     last_job_queue_duration: Family<Labels, Gauge<f64, AtomicU64>>,
     errors: Family<Labels, Counter>,
     fatal: Family<Labels, Gauge>,
+    effective_min: Family<Labels, Gauge>,
+    held: Family<Labels, Gauge>,
 }
 
 /// The registry and handles of every metric.
@@ -509,6 +511,16 @@ impl Metrics {
             "1 while the listener backs off after an error that needs attention (credentials, permissions, scale set or EphemeralRunnerSet missing), else 0",
             l.fatal.clone(),
         );
+        self.registry.register(
+            "gha_effective_min_runners",
+            "Minimum number of idle runners in effect: minRunners, or the highest minimum of the scheduled windows open now",
+            l.effective_min.clone(),
+        );
+        self.registry.register(
+            "gha_scale_down_held_runners",
+            "Runners kept above demand by the scale-down delay",
+            l.held.clone(),
+        );
         self.listener
             .fatal
             .get_or_create(&self.listener_labels())
@@ -548,6 +560,16 @@ impl Metrics {
     pub fn record_bounds(&self, min: i64, max: i64) {
         self.set_gauge(ArcMetric::MinRunners, min);
         self.set_gauge(ArcMetric::MaxRunners, max);
+    }
+
+    /// The policy's figures at a scaling step: the minimum in effect and the runners held by the delay.
+    pub fn record_policy(&self, effective_min: i64, held_runners: i64) {
+        let labels = self.listener_labels();
+        self.listener
+            .effective_min
+            .get_or_create(&labels)
+            .set(effective_min);
+        self.listener.held.get_or_create(&labels).set(held_runners);
     }
 
     /// The statistics gauges, on the session's and every message's statistics.

@@ -40,6 +40,7 @@ fn listener_exposition() -> String {
         ..Statistics::default()
     });
     metrics.record_desired(1);
+    metrics.record_policy(2, 1);
     metrics.record_job_started(&JobStarted {
         job: job(),
         runner_id: 1,

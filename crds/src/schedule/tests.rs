@@ -315,6 +315,18 @@ fn invalid_schedules_are_explained() {
 }
 
 #[test]
+fn times_may_have_seconds() {
+    let s = parsed(&schedule("09:00:30", "09:01:15", 1));
+    let e = evaluate(std::slice::from_ref(&s), 0, utc("2026-03-02T09:00:29"));
+    assert_eq!(e.next_boundary, Some(utc("2026-03-02T09:00:30")));
+    let e = evaluate(&[s], 0, utc("2026-03-02T09:00:30"));
+    assert_eq!(
+        (e.min_runners, e.next_boundary),
+        (1, Some(utc("2026-03-02T09:01:15")))
+    );
+}
+
+#[test]
 fn durations_accept_the_usual_spellings() {
     for (text, minutes) in [
         ("8h", 480),

@@ -527,3 +527,46 @@ fn the_status_target_needs_both_variables() {
         assert!(err.to_string().contains("must be set together"), "{err}");
     }
 }
+
+#[test]
+fn schedules_and_delay_are_read_and_checked() {
+    let config = check(&with(json!({
+        "min_runners_schedules": [{"name": "office", "minRunners": 3, "start": "09:00", "end": "17:00",
+            "recurrence": "weekdays", "timeZone": "Europe/Berlin"}],
+        "scale_down_delay_seconds": 300
+    })))
+    .expect("valid");
+    assert_eq!(config.schedules().unwrap()[0].name, "office");
+    assert_eq!(
+        config.scale_down_delay(),
+        std::time::Duration::from_secs(300)
+    );
+    // Absent: ARC's behaviour.
+    let plain = check(&base()).unwrap();
+    assert!(plain.min_runners_schedules.is_empty());
+    assert_eq!(plain.scale_down_delay(), std::time::Duration::ZERO);
+
+    assert_eq!(
+        message(&with(
+            json!({"min_runners_schedules": [{"minRunners": 1, "start": "09:00", "end": "10:00", "timeZone": "Mars/Base"}]})
+        )),
+        "invalid config: minRunnersSchedules \"schedule-1\": timeZone \"Mars/Base\" is not an IANA time zone known here (e.g. Europe/Berlin)"
+    );
+    assert_eq!(
+        problem(&with(
+            json!({"max_runners": 2, "min_runners": 0, "min_runners_schedules": [{"minRunners": 3, "start": "09:00", "duration": "1h"}]})
+        )),
+        ConfigProblem::InvalidSchedule(
+            "minRunnersSchedules \"schedule-1\": minRunners (3) is greater than maxRunners (2)"
+                .to_owned()
+        )
+    );
+    assert_eq!(
+        problem(&with(json!({"scale_down_delay_seconds": -1}))),
+        ConfigProblem::ScaleDownDelayOutOfRange(-1)
+    );
+    assert_eq!(
+        problem(&with(json!({"scale_down_delay_seconds": 86_401}))),
+        ConfigProblem::ScaleDownDelayOutOfRange(86_401)
+    );
+}
