@@ -60,6 +60,9 @@ pub const CLEANUP_GITHUB_SECRET_NAME_ANNOTATION: &str =
 /// Set by Helm on the ARS: no-permission ServiceAccount to release at ARS deletion.
 pub const CLEANUP_NO_PERMISSION_SERVICE_ACCOUNT_NAME_ANNOTATION: &str =
     "actions.github.com/cleanup-no-permission-service-account-name";
+/// Not in ARC: on the ARS, the scale set labels last known to be in the Actions Service (a JSON list of names),
+/// so a change of `runnerScaleSetLabels` is pushed to the service once.
+pub const SCALE_SET_LABELS_ANNOTATION: &str = "actions.github.com/runner-scale-set-labels";
 /// Set by Helm on the ARS; not read by the controllers.
 pub const VALUES_HASH_ANNOTATION: &str = "actions.github.com/values-hash";
 

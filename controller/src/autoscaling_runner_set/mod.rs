@@ -17,6 +17,8 @@ pub mod conditions;
 pub mod desired;
 mod reconcile;
 pub mod runners;
+pub mod scale_set_labels;
+pub mod schedule_status;
 pub mod served;
 
 use std::collections::HashMap;

@@ -27,8 +27,8 @@ use crds::constants::{
     CLEANUP_MANAGER_ROLE_BINDING_ANNOTATION, CLEANUP_MANAGER_ROLE_NAME_ANNOTATION,
     CLEANUP_NO_PERMISSION_SERVICE_ACCOUNT_NAME_ANNOTATION, CLEANUP_PROTECTION_FINALIZER,
     INTEGRITY_HASH_ANNOTATION, RUNNER_GROUP_NAME_ANNOTATION, RUNNER_SCALE_SET_ID_ANNOTATION,
-    RUNNER_SCALE_SET_NAME_ANNOTATION, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
-    VERSION_LABEL, phase,
+    RUNNER_SCALE_SET_NAME_ANNOTATION, SCALE_SET_LABELS_ANNOTATION, SCALE_SET_NAME_LABEL,
+    SCALE_SET_NAMESPACE_LABEL, VERSION_LABEL, phase,
 };
 use crds::version::{ARC_COMPATIBLE_VERSION, is_version_accepted};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunnerSet};
@@ -409,6 +409,23 @@ impl<'a> Step<'a> {
             .await?;
             return Ok(ScaleSetStep::Recorded);
         }
+        if let Some(wanted) =
+            super::scale_set_labels::pending(self.runner_set, self.scale_set_name())
+        {
+            let pushed = super::scale_set_labels::push(&self.actions().await?, id, wanted).await?;
+            if let Some(note) = pushed.note(id) {
+                self.event(
+                    EventType::Normal,
+                    "ScaleSetLabelsUpdated",
+                    "UpdateScaleSet",
+                    note,
+                )
+                .await;
+            }
+            self.merge_patch("scale set labels", pushed.record())
+                .await?;
+            return Ok(ScaleSetStep::Recorded);
+        }
         Ok(ScaleSetStep::Ready(id))
     }
 
@@ -460,6 +477,7 @@ impl<'a> Step<'a> {
                     RUNNER_SCALE_SET_NAME_ANNOTATION: scale_set.name,
                     RUNNER_SCALE_SET_ID_ANNOTATION: scale_set.id.to_string(),
                     RUNNER_GROUP_NAME_ANNOTATION: scale_set.runner_group_name,
+                    SCALE_SET_LABELS_ANNOTATION: super::scale_set_labels::record_text(&scale_set.labels),
                 },
                 "labels": url_labels(&spec.github_config_url),
             }
@@ -776,6 +794,9 @@ impl<'a> Step<'a> {
             .map_or(options.resync_interval, |recheck| {
                 options.resync_interval.min(recheck.max(SHORT_WAIT))
             });
+        // The status shows the scheduled minimum: look again when a window opens or closes.
+        let wait = super::schedule_status::next_change_in(&self.runner_set.spec, Timestamp::now())
+            .map_or(wait, |change| wait.min(change.max(SHORT_WAIT)));
         Ok((Action::requeue(wait), verdict.outcome))
     }
 
@@ -824,6 +845,7 @@ impl<'a> Step<'a> {
         if fully_reconciled {
             status.phase = phase::RUNNING.to_owned();
         }
+        super::schedule_status::apply(&mut status, &self.runner_set.spec, Timestamp::now());
         self.ctx
             .base
             .metrics

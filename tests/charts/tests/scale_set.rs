@@ -2144,3 +2144,53 @@ fn boolean_looking_names_given_with_set_are_strings() {
         json!([{"kind": "ServiceAccount", "name": "true", "namespace": "true"}])
     );
 }
+
+#[test]
+fn scaling_policy_values_reach_the_runner_set() {
+    let m = render(with_fixture("scaling-policy.yaml"));
+    let spec = &ars(&m)["spec"];
+    assert_eq!(spec["scaleDownDelaySeconds"], 300);
+    assert_eq!(
+        spec["minRunnersSchedules"],
+        json!([
+            {"name": "office-hours", "minRunners": 5, "start": "08:00", "end": "18:00",
+             "recurrence": "weekdays", "timeZone": "Europe/Berlin"},
+            {"name": "release-night", "minRunners": 10, "start": "22:00", "duration": "3h",
+             "recurrence": "monthly", "daysOfMonth": [1, 15], "timeZone": "America/New_York",
+             "endDate": "2027-12-31"}
+        ])
+    );
+    // The rendered schedules are what the controller reads.
+    let typed: crds::AutoscalingRunnerSetSpec =
+        serde_json::from_value(spec.clone()).expect("the spec deserializes");
+    crds::schedule::check(&typed.min_runners_schedules, typed.effective_max_runners())
+        .expect("the fixture's schedules are valid");
+}
+
+#[test]
+fn scaling_policy_is_absent_unless_asked_for() {
+    let m = render(chart());
+    assert!(ars(&m)["spec"].get("minRunnersSchedules").is_none());
+    assert!(ars(&m)["spec"].get("scaleDownDelaySeconds").is_none());
+    // 0 is ARC's behaviour: nothing is written.
+    let m = render(chart().set("scaleDownDelaySeconds", "0"));
+    assert!(ars(&m)["spec"].get("scaleDownDelaySeconds").is_none());
+    let m = render(chart().set("scaleDownDelaySeconds", "45"));
+    assert_eq!(ars(&m)["spec"]["scaleDownDelaySeconds"], 45);
+}
+
+#[test]
+fn scaling_policy_values_are_checked() {
+    assert_fails(
+        chart().set("scaleDownDelaySeconds", "-1"),
+        "scaleDownDelaySeconds has to be between 0 and 86400",
+    );
+    assert_fails(
+        chart().set("scaleDownDelaySeconds", "86401"),
+        "scaleDownDelaySeconds has to be between 0 and 86400",
+    );
+    assert_fails(
+        chart().set("minRunnersSchedules[0]", "09:00"),
+        "minRunnersSchedules",
+    );
+}
