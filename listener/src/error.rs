@@ -32,6 +32,78 @@ impl Severity {
     }
 }
 
+/// What went wrong, as the listener reports it to the controller (`status.lastError.category` of its
+/// AutoscalingListener, which the controller maps to a condition reason) and as the loop decides whether its
+/// session is still good: one classification for both, so they cannot disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Category {
+    /// Another listener holds the scale set's message session (409).
+    SessionConflict,
+    /// The service rejected the credentials (401).
+    CredentialsRejected,
+    /// The credentials lack a permission (403).
+    PermissionDenied,
+    /// The service no longer knows the scale set.
+    ScaleSetNotFound,
+    /// The service dropped the session, or its queue token expired.
+    SessionLost,
+    /// The service's certificate is not trusted.
+    TlsCertificateRejected,
+    /// The service could not be reached or did not answer properly: connection failures, timeouts, rate limits,
+    /// 5xx answers. The session stays valid once the network is back.
+    ServiceUnreachable,
+    /// Any other failure talking to the service, and failures outside the message loop's calls.
+    ServiceError,
+    /// The EphemeralRunnerSet to scale is gone (404).
+    RunnerSetNotFound,
+    /// The API server refused a write the listener needs (401, 403).
+    KubernetesForbidden,
+    /// Any other Kubernetes API failure.
+    KubernetesError,
+}
+
+impl Category {
+    /// The fixed word the controller reads.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SessionConflict => "SessionConflict",
+            Self::CredentialsRejected => "CredentialsRejected",
+            Self::PermissionDenied => "PermissionDenied",
+            Self::ScaleSetNotFound => "ScaleSetNotFound",
+            Self::SessionLost => "SessionLost",
+            Self::TlsCertificateRejected => "TlsCertificateRejected",
+            Self::ServiceUnreachable => "ServiceUnreachable",
+            Self::ServiceError => "ServiceError",
+            Self::RunnerSetNotFound => "RunnerSetNotFound",
+            Self::KubernetesForbidden => "KubernetesForbidden",
+            Self::KubernetesError => "KubernetesError",
+        }
+    }
+
+    /// The category of an Actions Service failure.
+    fn of_actions(e: &actions_client::Error) -> Self {
+        match e.kind() {
+            Some(ErrorKind::SessionConflict) => Self::SessionConflict,
+            Some(ErrorKind::Unauthorized) => Self::CredentialsRejected,
+            Some(ErrorKind::Forbidden) => Self::PermissionDenied,
+            Some(ErrorKind::ScaleSetNotFound) => Self::ScaleSetNotFound,
+            Some(ErrorKind::SessionNotFound | ErrorKind::MessageQueueTokenExpired) => {
+                Self::SessionLost
+            }
+            Some(ErrorKind::TlsCertificate) => Self::TlsCertificateRejected,
+            Some(
+                ErrorKind::RateLimited
+                | ErrorKind::ServerError
+                | ErrorKind::Connect
+                | ErrorKind::Timeout
+                | ErrorKind::DeadlineExceeded
+                | ErrorKind::Transport,
+            ) => Self::ServiceUnreachable,
+            _ => Self::ServiceError,
+        }
+    }
+}
+
 /// Every error this crate returns. Variants name the step that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -170,8 +242,30 @@ impl Error {
         match self {
             Self::InvalidSession(_) | Self::AcquireJobs { .. } => true,
             Self::CreateSession(_) => false,
-            Self::GetMessage(e) | Self::DeleteMessage { source: e, .. } => !is_network_failure(e),
+            Self::GetMessage(_) | Self::DeleteMessage { .. } => {
+                self.category() != Category::ServiceUnreachable
+            }
             _ => false,
+        }
+    }
+
+    /// What went wrong, for the controller and for [`Error::needs_new_session`].
+    pub fn category(&self) -> Category {
+        match self {
+            Self::CreateSession(e)
+            | Self::GetMessage(e)
+            | Self::DeleteMessage { source: e, .. }
+            | Self::AcquireJobs { source: e, .. } => Category::of_actions(e),
+            Self::PatchEphemeralRunnerSet { .. } => match self.kube_status() {
+                Some(404) => Category::RunnerSetNotFound,
+                Some(401 | 403) => Category::KubernetesForbidden,
+                _ => Category::KubernetesError,
+            },
+            Self::PatchEphemeralRunner { .. } => match self.kube_status() {
+                Some(401 | 403) => Category::KubernetesForbidden,
+                _ => Category::KubernetesError,
+            },
+            _ => Category::ServiceError,
         }
     }
 
@@ -209,20 +303,6 @@ impl Error {
             _ => None,
         }
     }
-}
-
-fn is_network_failure(e: &actions_client::Error) -> bool {
-    matches!(
-        e.kind(),
-        Some(
-            ErrorKind::ServerError
-                | ErrorKind::RateLimited
-                | ErrorKind::Connect
-                | ErrorKind::Timeout
-                | ErrorKind::DeadlineExceeded
-                | ErrorKind::Transport
-        )
-    )
 }
 
 /// Actions Service failures: the transient ones clear by themselves; a dropped session or expired queue token
@@ -302,6 +382,63 @@ mod tests {
             name: "n".into(),
             source: kube_api(code),
         }
+    }
+
+    #[test]
+    fn categories() {
+        let category_of = |error: &Error| error.category().as_str();
+        let actions_kind = |kind| actions(kind, None);
+        let session = |kind| Error::CreateSession(actions(kind, None));
+        assert_eq!(
+            category_of(&session(ErrorKind::SessionConflict)),
+            "SessionConflict"
+        );
+        assert_eq!(
+            category_of(&session(ErrorKind::Unauthorized)),
+            "CredentialsRejected"
+        );
+        assert_eq!(
+            category_of(&session(ErrorKind::Forbidden)),
+            "PermissionDenied"
+        );
+        assert_eq!(
+            category_of(&session(ErrorKind::ScaleSetNotFound)),
+            "ScaleSetNotFound"
+        );
+        for kind in [
+            ErrorKind::Connect,
+            ErrorKind::ServerError,
+            ErrorKind::Timeout,
+            ErrorKind::Transport,
+        ] {
+            assert_eq!(
+                category_of(&Error::GetMessage(actions(kind, None))),
+                "ServiceUnreachable"
+            );
+        }
+        assert_eq!(
+            category_of(&Error::GetMessage(actions_kind(ErrorKind::SessionNotFound))),
+            "SessionLost"
+        );
+        assert_eq!(
+            category_of(&session(ErrorKind::TlsCertificate)),
+            "TlsCertificateRejected"
+        );
+        assert_eq!(category_of(&Error::InvalidSession("x")), "ServiceError");
+        let set = |code| Error::PatchEphemeralRunnerSet {
+            namespace: "ns".into(),
+            name: "n".into(),
+            source: kube_api(code),
+        };
+        assert_eq!(category_of(&set(404)), "RunnerSetNotFound");
+        assert_eq!(category_of(&set(403)), "KubernetesForbidden");
+        assert_eq!(category_of(&set(500)), "KubernetesError");
+        let runner = Error::PatchEphemeralRunner {
+            namespace: "ns".into(),
+            name: "n".into(),
+            source: kube_api(404),
+        };
+        assert_eq!(category_of(&runner), "KubernetesError");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use actions_client::{ErrorKind, Statistics};
+use actions_client::Statistics;
 use crds::{AutoscalingListener, AutoscalingListenerStatus, ListenerError, ListenerStatistics};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -48,7 +48,7 @@ pub struct Report {
 /// An error as reported: a fixed category, the logged text, and when.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReportedError {
-    /// [`category`] of the error.
+    /// [`Error::category`] of the error.
     pub category: &'static str,
     /// The error chain, truncated.
     pub message: String,
@@ -107,7 +107,7 @@ impl Report {
     /// The loop failed with `error` at `now`.
     pub fn failed(&mut self, error: &Error, now: Timestamp) {
         self.last_error = Some(ReportedError {
-            category: category(error),
+            category: error.category().as_str(),
             message: truncate(crate::listener::error_chain(error)),
             time: now,
         });
@@ -154,43 +154,6 @@ fn truncate(mut text: String) -> String {
         text.push_str("...");
     }
     text
-}
-
-/// The category of an error, a fixed word the controller maps to a condition reason.
-pub fn category(error: &Error) -> &'static str {
-    let actions = match error {
-        Error::CreateSession(e)
-        | Error::GetMessage(e)
-        | Error::DeleteMessage { source: e, .. }
-        | Error::AcquireJobs { source: e, .. } => e,
-        Error::PatchEphemeralRunnerSet { .. } | Error::PatchEphemeralRunner { .. } => {
-            return match error.kube_status() {
-                Some(404) if matches!(error, Error::PatchEphemeralRunnerSet { .. }) => {
-                    "RunnerSetNotFound"
-                }
-                Some(401 | 403) => "KubernetesForbidden",
-                _ => "KubernetesError",
-            };
-        }
-        _ => return "ServiceError",
-    };
-    match actions.kind() {
-        Some(ErrorKind::SessionConflict) => "SessionConflict",
-        Some(ErrorKind::Unauthorized) => "CredentialsRejected",
-        Some(ErrorKind::Forbidden) => "PermissionDenied",
-        Some(ErrorKind::ScaleSetNotFound) => "ScaleSetNotFound",
-        Some(ErrorKind::SessionNotFound | ErrorKind::MessageQueueTokenExpired) => "SessionLost",
-        Some(ErrorKind::TlsCertificate) => "TlsCertificateRejected",
-        Some(
-            ErrorKind::RateLimited
-            | ErrorKind::ServerError
-            | ErrorKind::Connect
-            | ErrorKind::Timeout
-            | ErrorKind::DeadlineExceeded
-            | ErrorKind::Transport,
-        ) => "ServiceUnreachable",
-        _ => "ServiceError",
-    }
 }
 
 /// How often the publisher writes.
@@ -431,7 +394,7 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use actions_client::{Operation, RequestError};
+    use actions_client::{ErrorKind, Operation, RequestError};
     use http::Method;
 
     fn at(seconds: i64) -> Timestamp {
@@ -453,66 +416,6 @@ mod tests {
             detail: None,
             source: None,
         })
-    }
-
-    fn kube(code: u16) -> kube::Error {
-        kube::Error::Api(
-            kube::core::Status::failure("x", "y")
-                .with_code(code)
-                .boxed(),
-        )
-    }
-
-    #[test]
-    fn categories() {
-        let session = |kind| Error::CreateSession(actions(kind));
-        assert_eq!(
-            category(&session(ErrorKind::SessionConflict)),
-            "SessionConflict"
-        );
-        assert_eq!(
-            category(&session(ErrorKind::Unauthorized)),
-            "CredentialsRejected"
-        );
-        assert_eq!(category(&session(ErrorKind::Forbidden)), "PermissionDenied");
-        assert_eq!(
-            category(&session(ErrorKind::ScaleSetNotFound)),
-            "ScaleSetNotFound"
-        );
-        for kind in [
-            ErrorKind::Connect,
-            ErrorKind::ServerError,
-            ErrorKind::Timeout,
-            ErrorKind::Transport,
-        ] {
-            assert_eq!(
-                category(&Error::GetMessage(actions(kind))),
-                "ServiceUnreachable"
-            );
-        }
-        assert_eq!(
-            category(&Error::GetMessage(actions(ErrorKind::SessionNotFound))),
-            "SessionLost"
-        );
-        assert_eq!(
-            category(&session(ErrorKind::TlsCertificate)),
-            "TlsCertificateRejected"
-        );
-        assert_eq!(category(&Error::InvalidSession("x")), "ServiceError");
-        let set = |code| Error::PatchEphemeralRunnerSet {
-            namespace: "ns".into(),
-            name: "n".into(),
-            source: kube(code),
-        };
-        assert_eq!(category(&set(404)), "RunnerSetNotFound");
-        assert_eq!(category(&set(403)), "KubernetesForbidden");
-        assert_eq!(category(&set(500)), "KubernetesError");
-        let runner = Error::PatchEphemeralRunner {
-            namespace: "ns".into(),
-            name: "n".into(),
-            source: kube(404),
-        };
-        assert_eq!(category(&runner), "KubernetesError");
     }
 
     #[test]
