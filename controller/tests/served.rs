@@ -18,6 +18,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
 use test_harness::ListenerExecutor;
 use tokio::net::{TcpListener, TcpStream};
@@ -149,12 +150,12 @@ async fn served_column(env: &Env, set: &str) -> String {
 }
 
 /// The manager's `gha_controller_listener_session_held` for `set`.
-fn session_gauge(manager: &Running, env: &Env, set: &str) -> Option<i64> {
+fn session_gauge(registry: &Registry, env: &Env, set: &str) -> Option<i64> {
     let series = format!(
         "gha_controller_listener_session_held{{name=\"{set}\",namespace=\"{}\"}} ",
         env.ctx.namespace
     );
-    controller::metrics::encode(&manager.registry)
+    controller::metrics::encode(registry)
         .lines()
         .find_map(|line| line.strip_prefix(&series)?.parse().ok())
 }
@@ -168,7 +169,7 @@ async fn assert_served(env: &Env, manager: &Running, set: &str) {
     );
     condition(env, set, "Ready", "True", "Ready").await;
     assert_eq!(served_column(env, set).await, "True");
-    assert_eq!(session_gauge(manager, env, set), Some(1));
+    assert_eq!(session_gauge(&manager.registry, env, set), Some(1));
 }
 
 /// The set is not served for `reason`: on `ListenerReady` and on `Ready`, in the `Served` column, in the gauge,
@@ -179,7 +180,7 @@ async fn assert_not_served(env: &Env, manager: &Running, set: &str, reason: &str
     let ready = condition(env, set, "Ready", "False", reason).await;
     assert_eq!(ready.message, listener.message);
     assert_eq!(served_column(env, set).await, "False");
-    assert_eq!(session_gauge(manager, env, set), Some(0));
+    assert_eq!(session_gauge(&manager.registry, env, set), Some(0));
     let name = listener_name(env, set).await;
     let (set_writes, report_writes) = tokio::join!(
         writes_during(env.runner_sets(), set, QUIET),
@@ -207,16 +208,16 @@ async fn a_scale_set_claimed_by_another_listener_is_not_served_until_it_is_relea
         .await;
     let id = scale_set_id(&env, "claimed").await;
 
-    // Nothing runs the listener pod yet: the listener has not started.
-    let starting = condition(
-        &env,
-        "claimed",
-        "ListenerReady",
-        "False",
-        "ListenerStarting",
-    )
+    // Nothing runs the listener pod yet: the listener has not started (after the EphemeralRunnerSet and the
+    // listener are created, also reported as ListenerStarting).
+    env.eventually("ListenerStarting for the listener pod", || async {
+        env.condition("claimed", "ListenerReady").await.filter(|c| {
+            c.status == "False"
+                && c.reason == "ListenerStarting"
+                && c.message == "the listener pod is starting"
+        })
+    })
     .await;
-    assert_eq!(starting.message, "the listener pod is starting");
     assert_eq!(served_column(&env, "claimed").await, "False");
     assert!(
         env.events("claimed", "ListenerStarting").await.is_empty(),
@@ -687,5 +688,628 @@ async fn runner_pods_that_fail_again_and_again_keep_the_set_from_being_ready() {
         blocked.message
     );
     manager.stop().await;
+    executor.stop();
+}
+
+/// The label the test nodes carry, and the runner templates select on.
+const POOL_LABEL: &str = "arc-rs.test/pool";
+
+/// Held by a test that creates Node objects or counts on their number: the scheduler's message counts every node
+/// of the control plane, so another test's node would change it (and the set's condition) mid-test.
+static NODES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The scheduler's message on the set's unschedulable runner pod.
+async fn scheduler_message(env: &Env) -> String {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.ctx.api();
+    env.eventually("the scheduler's verdict on a runner pod", || async {
+        pods.list(&kube::api::ListParams::default().labels("actions-ephemeral-runner=True"))
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .find_map(|p| {
+                p.status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| {
+                        c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                    })?
+                    .message
+            })
+    })
+    .await
+}
+
+/// A set whose runner pods are served by the test scheduler and want a node of `pool`. They tolerate every
+/// taint: the test's Node objects have no kubelet, and the node controller's taints are not what is tested.
+fn pool_spec(env: &Env, scheduler: &str, pool: &str) -> crds::AutoscalingRunnerSetSpec {
+    let mut spec = one_runner_spec(env);
+    let pod = spec.template.spec.as_mut().expect("pod spec");
+    pod.scheduler_name = Some(scheduler.to_owned());
+    pod.node_selector = Some([(POOL_LABEL.to_owned(), pool.to_owned())].into());
+    pod.tolerations = Some(vec![k8s_openapi::api::core::v1::Toleration {
+        operator: Some("Exists".to_owned()),
+        ..Default::default()
+    }]);
+    spec
+}
+
+/// A Node object of `pool` with room for pods (no kubelet behind it: the scheduler binds pods to it, nothing
+/// runs them). Its pool is the test's own, so other tests' pods never fit it.
+struct TestNode {
+    api: Api<k8s_openapi::api::core::v1::Node>,
+    name: String,
+}
+
+impl TestNode {
+    async fn create(env: &Env, pool: &str) -> Self {
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client());
+        let name = format!("node-{}", env.ctx.namespace);
+        let node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {POOL_LABEL: pool}},
+        }))
+        .expect("node");
+        api.create(&kube::api::PostParams::default(), &node)
+            .await
+            .expect("create the node");
+        let capacity = serde_json::json!({"cpu": "8", "memory": "16Gi", "pods": "110"});
+        api.patch_status(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {
+                "capacity": capacity, "allocatable": capacity,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "lastHeartbeatTime": jiff_now(), "lastTransitionTime": jiff_now()}],
+            }})),
+        )
+        .await
+        .expect("node status");
+        Self { api, name }
+    }
+}
+
+impl TestNode {
+    async fn delete(self) {
+        self.api
+            .delete(&self.name, &Default::default())
+            .await
+            .expect("delete the node");
+    }
+}
+
+fn jiff_now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// The node a runner pod is bound to, once it is.
+async fn bound_node(env: &Env) -> String {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.ctx.api();
+    env.eventually("a runner pod bound to a node", || async {
+        pods.list(&kube::api::ListParams::default().labels("actions-ephemeral-runner=True"))
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .find_map(|p| p.spec?.node_name)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn runner_pods_no_node_fits_keep_the_set_from_being_ready_until_a_node_fits() {
+    let env = Env::with_fake("served-no-node", fake_config()).await;
+    let _nodes = NODES.lock().await;
+    let scheduler = test_harness::start_scheduler(env.ctx.control_plane)
+        .await
+        .expect("the test scheduler");
+    let pool = format!("pool-{}", env.ctx.namespace);
+    let manager = env.start(options(&env, Duration::from_secs(600)));
+    env.create_runner_set("no-node", pool_spec(&env, scheduler, &pool))
+        .await;
+    let executor = executor(&env);
+    condition(&env, "no-node", "ListenerReady", "True", "SessionHeld").await;
+    // No node has the pool's label: the scheduler says so on the pod (PodScheduled=False, Unschedulable).
+    let blocked = assert_runners_blocked(&env, "no-node", "PodUnschedulable").await;
+    let verdict = scheduler_message(&env).await;
+    assert!(
+        blocked.message.contains(&format!(
+            "PodUnschedulable: the scheduler finds no node for its pod: {verdict}"
+        )),
+        "the scheduler's own words ({verdict:?}): {}",
+        blocked.message
+    );
+    // The scheduler retries; the set's status stays as it is.
+    assert_eq!(writes_during(env.runner_sets(), "no-node", QUIET).await, 0);
+
+    // Capacity arrives (a node of the pool joins, as a cluster autoscaler would add one): the pod is bound.
+    let node = TestNode::create(&env, &pool).await;
+    assert_eq!(bound_node(&env).await, node.name);
+    condition(
+        &env,
+        "no-node",
+        "RunnersCanStart",
+        "True",
+        "RunnersStartable",
+    )
+    .await;
+    condition(&env, "no-node", "Ready", "True", "Ready").await;
+    assert_eq!(served_column(&env, "no-node").await, "True");
+    manager.stop().await;
+    executor.stop();
+    node.delete().await;
+}
+
+#[tokio::test]
+async fn runner_pods_no_node_fits_keep_the_set_from_being_ready_until_the_template_is_fixed() {
+    let env = Env::with_fake("served-bad-selector", fake_config()).await;
+    let _nodes = NODES.lock().await;
+    let scheduler = test_harness::start_scheduler(env.ctx.control_plane)
+        .await
+        .expect("the test scheduler");
+    let pool = format!("pool-{}", env.ctx.namespace);
+    let node = TestNode::create(&env, &pool).await;
+    let manager = env.start(options(&env, Duration::from_secs(600)));
+    // A nodeSelector no node matches (a typo in the pool's name).
+    env.create_runner_set(
+        "selector",
+        pool_spec(&env, scheduler, &format!("{pool}-typo")),
+    )
+    .await;
+    let executor = executor(&env);
+    condition(&env, "selector", "ListenerReady", "True", "SessionHeld").await;
+    let blocked = assert_runners_blocked(&env, "selector", "PodUnschedulable").await;
+    assert!(
+        blocked
+            .message
+            .contains("didn't match Pod's node affinity/selector"),
+        "{}",
+        blocked.message
+    );
+    assert!(
+        blocked.message.contains("fix the nodeSelector"),
+        "{}",
+        blocked.message
+    );
+
+    // The template is fixed: the runner made from the old one is replaced, and its successor is scheduled.
+    env.runner_sets()
+        .patch(
+            "selector",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"template": {"spec": {
+                "nodeSelector": {POOL_LABEL: pool},
+            }}}})),
+        )
+        .await
+        .expect("fix the template");
+    assert_eq!(bound_node(&env).await, node.name);
+    condition(
+        &env,
+        "selector",
+        "RunnersCanStart",
+        "True",
+        "RunnersStartable",
+    )
+    .await;
+    condition(&env, "selector", "Ready", "True", "Ready").await;
+    manager.stop().await;
+    executor.stop();
+    node.delete().await;
+}
+
+/// How long after its last successful poll the real listener's report counts as stale: its own bound (the
+/// long-poll timeout plus its status heartbeat, which its report states) plus the controller's margin.
+const STALE: Duration = Duration::from_secs(
+    controller::autoscaling_runner_set::served::DEFAULT_POLL_STALE_AFTER.as_secs()
+        + controller::autoscaling_runner_set::served::REPORT_MARGIN.as_secs(),
+);
+/// What the controller may take beyond that to notice: its recheck and status write, and the second
+/// granularity of Kubernetes times.
+const NOTICE: Duration = Duration::from_secs(15);
+
+/// Waits up to `within` until condition `type_` of `set` has `status` and `reason`.
+async fn condition_within(
+    env: &Env,
+    set: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    within: Duration,
+) -> Condition {
+    test_harness::eventually(
+        &format!("{type_}={status}/{reason} on {set}"),
+        within,
+        || async {
+            env.condition(set, type_)
+                .await
+                .filter(|c| c.status == status && c.reason == reason)
+        },
+    )
+    .await
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to a process.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}: {status}");
+}
+
+/// The listener process of `set`, while it runs.
+async fn listener_pid(env: &Env, executor: &ListenerExecutor, set: &str) -> (String, u32) {
+    let name = listener_name(env, set).await;
+    let pid = env
+        .eventually("the listener process", || async {
+            executor.pid(&env.controller_namespace, &name)
+        })
+        .await;
+    (name, pid)
+}
+
+#[tokio::test]
+async fn a_listener_that_hangs_is_reported_until_it_polls_again() {
+    let env = Env::with_fake("served-hung", fake_config()).await;
+    let manager = env.start(options(&env, Duration::from_secs(600)));
+    env.create_runner_set("hung", env.runner_set_spec()).await;
+    scale_set_id(&env, "hung").await;
+    let executor = executor(&env);
+    assert_served(&env, &manager, "hung").await;
+    let (_, pid) = listener_pid(&env, &executor, "hung").await;
+
+    // The listener hangs (frozen with SIGSTOP): its pod stays Running, and it neither polls nor reports.
+    signal(pid, "STOP");
+    let frozen = tokio::time::Instant::now();
+    let hung = condition_within(
+        &env,
+        "hung",
+        "ListenerReady",
+        "False",
+        "ListenerNotReporting",
+        STALE + NOTICE,
+    )
+    .await;
+    // Its last published poll was at most one heartbeat before the freeze, so the verdict came within the stale
+    // bound (and not before the report could have gone stale).
+    let took = frozen.elapsed();
+    assert!(
+        took <= STALE + NOTICE && took >= STALE - Duration::from_secs(45),
+        "ListenerNotReporting after {took:?}"
+    );
+    assert!(
+        hung.message
+            .contains("longer ago than it polls: it is hung"),
+        "{}",
+        hung.message
+    );
+    assert_not_served(&env, &manager, "hung", "ListenerNotReporting").await;
+
+    signal(pid, "CONT");
+    assert_served(&env, &manager, "hung").await;
+    manager.stop().await;
+    executor.stop();
+}
+
+#[tokio::test]
+async fn a_listener_that_never_opens_its_session_is_reported_until_it_does() {
+    let env = Env::with_fake("served-not-started", fake_config()).await;
+    let manager = env.start(options(&env, Duration::from_secs(600)));
+    env.create_runner_set("stuck", env.runner_set_spec()).await;
+    scale_set_id(&env, "stuck").await;
+    // The service holds the listener's session request, and the listener hangs while it waits (frozen with
+    // SIGSTOP once it has reported that it holds no session): it runs, holds no session, reports no error.
+    env.fake
+        .state()
+        .set_faults(Faults {
+            latency: vec![fake_actions_service::LatencyFault {
+                endpoint: Some("create_session".into()),
+                millis: 600_000,
+            }],
+            ..Faults::default()
+        })
+        .expect("faults");
+    let executor = executor(&env);
+    let (name, pid) = listener_pid(&env, &executor, "stuck").await;
+    env.eventually("the listener's first report", || async {
+        let report = env.listeners().get(&name).await.ok()?.status?;
+        (report.session_held == Some(false) && report.last_error.is_none()).then_some(())
+    })
+    .await;
+    signal(pid, "STOP");
+    let frozen = tokio::time::Instant::now();
+    let starting = env
+        .condition("stuck", "ListenerReady")
+        .await
+        .expect("condition");
+    assert_eq!(
+        starting.reason, "ListenerStarting",
+        "within its grace period"
+    );
+
+    let stuck = condition_within(
+        &env,
+        "stuck",
+        "ListenerReady",
+        "False",
+        "ListenerNotStarted",
+        STALE + NOTICE,
+    )
+    .await;
+    let took = frozen.elapsed();
+    assert!(took <= STALE + NOTICE, "ListenerNotStarted after {took:?}");
+    assert!(
+        stuck.message.contains("has held no message session since")
+            && stuck.message.contains("reports no error"),
+        "{}",
+        stuck.message
+    );
+    assert_not_served(&env, &manager, "stuck", "ListenerNotStarted").await;
+
+    env.fake.state().clear_faults();
+    signal(pid, "CONT");
+    assert_served(&env, &manager, "stuck").await;
+    manager.stop().await;
+    executor.stop();
+}
+
+/// Whether `user` may `verb` `group`/`resource` in `namespace` (a SubjectAccessReview).
+async fn may(
+    env: &Env,
+    user: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: &str,
+) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            groups: Some(vec!["system:serviceaccounts".to_owned()]),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                verb: Some(verb.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    Api::<SubjectAccessReview>::all(env.client())
+        .create(&kube::api::PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|status| status.allowed)
+}
+
+/// Creates a rendered chart object.
+async fn create_rendered(env: &Env, object: &serde_json::Value, namespace: &str) {
+    let api_version = object["apiVersion"].as_str().expect("apiVersion");
+    let kind = object["kind"].as_str().expect("kind");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+    let (resource, capabilities) = kube::discovery::pinned_kind(&env.client(), &gvk)
+        .await
+        .expect("a served kind");
+    let api: Api<kube::api::DynamicObject> =
+        if capabilities.scope == kube::discovery::Scope::Namespaced {
+            Api::namespaced_with(env.client(), namespace, &resource)
+        } else {
+            Api::all_with(env.client(), &resource)
+        };
+    let object: kube::api::DynamicObject =
+        serde_json::from_value(object.clone()).expect("a Kubernetes object");
+    api.create(&kube::api::PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create {kind} {}: {e}", object.name_any()));
+}
+
+/// A client acting as the manager's ServiceAccount with the RBAC of a controller chart from before listeners
+/// reported in their AutoscalingListener's status: this chart's objects without the rule that lets the manager
+/// manage Roles and RoleBindings in its own namespace (where it grants each listener its `<listener>-status`
+/// Role), plus the scale-set chart's manager Role in the scale set namespace, as installing both charts would.
+async fn older_chart_manager(env: &Env) -> kube::Client {
+    use chart_tests::{Chart, Template};
+    let controller_ns = env.controller_namespace.clone();
+    // Cluster-scoped names must not collide with other tests': the release name carries the namespace.
+    let release = format!("r-{controller_ns}");
+    let manifests = Template::new(Chart::Controller)
+        .release(&release)
+        .namespace(&controller_ns)
+        .render()
+        .expect("render the controller chart");
+    let mut account = None;
+    let mut removed = 0;
+    for object in manifests.objects() {
+        let mut object = object.clone();
+        match object["kind"].as_str() {
+            Some("ServiceAccount") => {
+                account = object["metadata"]["name"].as_str().map(str::to_owned);
+            }
+            Some("Role") => {
+                if let Some(rules) = object["rules"].as_array_mut() {
+                    let before = rules.len();
+                    rules.retain(|rule| {
+                        !rule["apiGroups"].as_array().is_some_and(|groups| {
+                            groups.iter().any(|g| g == "rbac.authorization.k8s.io")
+                        })
+                    });
+                    removed += before - rules.len();
+                }
+            }
+            Some("RoleBinding" | "ClusterRole" | "ClusterRoleBinding") => {}
+            _ => continue,
+        }
+        create_rendered(env, &object, &controller_ns).await;
+    }
+    assert_eq!(
+        removed, 1,
+        "the chart's one rule on Roles and RoleBindings in its namespace"
+    );
+    let account = account.expect("the chart renders a ServiceAccount");
+    let scale_set_chart = Template::new(Chart::ScaleSet)
+        .release("old")
+        .namespace(&env.ctx.namespace)
+        .values(serde_json::json!({
+            "githubConfigUrl": env.config_url,
+            "githubConfigSecret": ars_support::CREDENTIALS,
+            "controllerServiceAccount": {"name": account, "namespace": controller_ns},
+        }))
+        .render()
+        .expect("render the scale-set chart");
+    for object in scale_set_chart.objects() {
+        if matches!(object["kind"].as_str(), Some("Role" | "RoleBinding"))
+            && object["metadata"]["name"]
+                .as_str()
+                .is_some_and(|name| name.contains("manager"))
+        {
+            let mut object = object.clone();
+            // Its cleanup finalizer is for the scale-set chart's uninstall, which this test does not do.
+            object["metadata"]["finalizers"] = serde_json::Value::Null;
+            create_rendered(env, &object, &env.ctx.namespace).await;
+        }
+    }
+    let user = format!("system:serviceaccount:{controller_ns}:{account}");
+    // The authorizer reads RBAC from its caches: wait until the bindings are in force.
+    env.eventually("the manager's RBAC in force", || async {
+        (may(env, &user, "create", "", "pods", &env.ctx.namespace).await
+            && may(env, &user, "create", "", "pods", &controller_ns).await
+            && may(
+                env,
+                &user,
+                "list",
+                "actions.github.com",
+                "autoscalingrunnersets",
+                &env.ctx.namespace,
+            )
+            .await)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        !may(
+            env,
+            &user,
+            "create",
+            "rbac.authorization.k8s.io",
+            "roles",
+            &controller_ns
+        )
+        .await,
+        "the older chart lets the manager create no Role in its namespace"
+    );
+    let mut config = env.ctx.control_plane.config().clone();
+    config.auth_info.impersonate = Some(user);
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".to_owned(),
+        format!("system:serviceaccounts:{controller_ns}"),
+        "system:authenticated".to_owned(),
+    ]);
+    kube::Client::try_from(config).expect("the manager's client")
+}
+
+#[tokio::test]
+async fn under_an_older_charts_rbac_the_listener_scales_without_reporting_and_the_set_says_so() {
+    let env = Env::with_fake("served-old-chart", fake_config()).await;
+    let client = older_chart_manager(&env).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let manager = controller::Manager::new(client, options(&env, Duration::from_secs(600)));
+    let registry = manager.registry();
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+    env.create_runner_set("old", env.runner_set_spec()).await;
+    let id = scale_set_id(&env, "old").await;
+    let executor = executor(&env);
+    let (name, _) = listener_pid(&env, &executor, "old").await;
+
+    // The listener holds its session and scales, though it may not report: jobs raise the replicas it writes.
+    env.eventually("the listener's session", || async {
+        env.fake
+            .state()
+            .snapshot()
+            .scale_sets
+            .iter()
+            .any(|s| s.id == id && s.session_id.is_some())
+            .then_some(())
+    })
+    .await;
+    env.fake
+        .state()
+        .enqueue_jobs(&fake_actions_service::EnqueueJobs {
+            scale_set_name: Some("old".to_owned()),
+            count: 2,
+            ..Default::default()
+        })
+        .expect("enqueue");
+    env.eventually("replicas raised by the listener", || async {
+        let ers = env.ephemeral_runner_sets().get_opt("old").await.ok()??;
+        (ers.spec.replicas == 2).then_some(())
+    })
+    .await;
+    let log = executor
+        .log(&env.controller_namespace, &name)
+        .expect("the listener's log");
+    assert!(
+        log.contains("writing the listener status failed") && log.contains("403"),
+        "the listener warns that it may not report:\n{log}"
+    );
+    let listener = env.listeners().get(&name).await.expect("listener");
+    assert!(
+        listener
+            .status
+            .as_ref()
+            .and_then(|s| s.session_held)
+            .is_none(),
+        "no report reached the status: {:?}",
+        listener.status
+    );
+
+    // The set does not claim it is served: it says the listener does not report, and why that may be.
+    let silent = condition_within(
+        &env,
+        "old",
+        "ListenerReady",
+        "False",
+        "ListenerNotReporting",
+        STALE + NOTICE,
+    )
+    .await;
+    assert!(
+        silent.message.contains("403") && silent.message.contains("controller chart older"),
+        "{}",
+        silent.message
+    );
+    condition(&env, "old", "Ready", "False", "ListenerNotReporting").await;
+    assert_eq!(session_gauge(&registry, &env, "old"), Some(0));
+    assert_eq!(
+        writes_during(env.runner_sets(), "old", QUIET).await,
+        0,
+        "no status write while the cause lasts"
+    );
+    // No crash loop: the same listener process runs on, its pod never failed.
+    assert_eq!(
+        executor.running(),
+        vec![format!("{}/{name}", env.controller_namespace)]
+    );
+    let listener = env.listeners().get(&name).await.expect("listener");
+    assert!(
+        listener
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_failures.as_ref())
+            .is_none(),
+        "{:?}",
+        listener.status
+    );
+    assert_eq!(env.events("old", "ListenerNotReporting").await.len(), 1);
+    shutdown.cancel();
+    task.await.expect("manager task").expect("manager result");
     executor.stop();
 }

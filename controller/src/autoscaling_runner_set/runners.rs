@@ -1,17 +1,24 @@
 //! Runners of a set that cannot start, as pure functions of the cached EphemeralRunners and their pods, and the
 //! trigger that brings the set's controller back when a runner becomes blocked or stops being blocked.
 //!
-//! A job assigned to the set waits for a runner; a runner whose pod is refused, cannot be built, cannot pull
-//! its image or keeps failing never takes it. Each such runner says so on its own object or pod; the set
-//! gathers them into one condition, so `Ready` is not True while jobs cannot start.
+//! A job assigned to the set waits for a runner; a runner whose pod is refused, cannot be built, cannot be
+//! scheduled, cannot pull its image or keeps failing never takes it. Each such runner says so on its own object
+//! or pod; the set gathers them into one condition, so `Ready` is not True while jobs cannot start.
+//!
+//! Facts come first: what the API server, the scheduler (`PodScheduled=False`, reason `Unschedulable`) or the
+//! kubelet wrote. One rule goes by the clock, for a pod that stays `Pending` with no such fact (no scheduler
+//! serves its `schedulerName`, a volume that never mounts, an init container that never ends):
+//! [`PENDING_TOO_LONG`] after its creation it counts too.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use crds::constants::{phase, reason};
 use crds::{AutoscalingRunnerSet, EphemeralRunner};
 use futures::{Stream, StreamExt, future, stream};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -32,6 +39,13 @@ const CONTAINER_CONFIG_REASONS: [&str; 2] = ["CreateContainerConfigError", "Crea
 /// fluke, a second in a row is a pattern (the runner is replaced after `--runner-max-pod-failures`, and its
 /// replacement starts counting again, so a set whose pods always fail keeps showing runners here).
 pub const REPEATED_FAILURES: usize = 2;
+/// A runner pod still `Pending` this long after its creation, with no cause anyone reported, counts as unable to
+/// start. The scheduler decides within seconds and the kubelet starts containers within a minute or two; ten
+/// minutes leaves room for a cluster autoscaler's new node and a large image's pull, and is still far below
+/// the hours a job waits for a runner before GitHub gives up on it.
+pub const PENDING_TOO_LONG: Duration = Duration::from_secs(600);
+/// The scheduler's reason for a pod that no node fits (`PodScheduled=False`).
+const UNSCHEDULABLE: &str = "Unschedulable";
 
 /// Why one runner cannot start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,10 +101,26 @@ fn waiting(status: &ContainerStatus) -> Option<(&str, &str)> {
     ))
 }
 
-/// What the runner's pod says: a container the kubelet cannot start.
-pub fn pod_blockage(pod: &Pod) -> Option<Blockage> {
+fn is_pending(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .is_some_and(|status| status.phase.as_deref().is_none_or(|p| p == "Pending"))
+}
+
+fn pod_scheduled(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|condition| condition.type_ == "PodScheduled")
+}
+
+/// What the runner's pod says at `now`: the scheduler finds no node for it, the kubelet cannot start a
+/// container, or (by the clock) it has stayed `Pending` for longer than [`PENDING_TOO_LONG`].
+pub fn pod_blockage(pod: &Pod, now: Timestamp) -> Option<Blockage> {
     let status = pod.status.as_ref()?;
-    if status.phase.as_deref().is_some_and(|p| p != "Pending") {
+    if !is_pending(pod) {
         return None;
     }
     let containers = status
@@ -98,7 +128,7 @@ pub fn pod_blockage(pod: &Pod) -> Option<Blockage> {
         .iter()
         .flatten()
         .chain(status.container_statuses.iter().flatten());
-    for container in containers {
+    for container in containers.clone() {
         let Some((reason, message)) = waiting(container) else {
             continue;
         };
@@ -120,12 +150,79 @@ pub fn pod_blockage(pod: &Pod) -> Option<Blockage> {
             ));
         }
     }
-    None
+    let scheduled = pod_scheduled(pod);
+    let node = pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref());
+    if node.is_none()
+        && let Some(verdict) =
+            scheduled.filter(|c| c.status == "False" && c.reason.as_deref() == Some(UNSCHEDULABLE))
+    {
+        // The scheduler's own words (which nodes it tried and why none fits). They change only when the
+        // cluster does (nodes come or go), not on each of its retries.
+        return Some(Blockage::new(
+            "PodUnschedulable",
+            format!(
+                "the scheduler finds no node for its pod: {}",
+                verdict.message.as_deref().unwrap_or("no reason given")
+            ),
+        ));
+    }
+    let created = pod.metadata.creation_timestamp.as_ref()?.0;
+    let overdue = created
+        .checked_add(SignedDuration::try_from(PENDING_TOO_LONG).ok()?)
+        .is_ok_and(|deadline| now >= deadline);
+    if !overdue {
+        return None;
+    }
+    let detail = match node {
+        None => match scheduled {
+            Some(condition) => format!(
+                "not scheduled ({}{})",
+                condition
+                    .reason
+                    .as_deref()
+                    .unwrap_or(condition.status.as_str()),
+                condition
+                    .message
+                    .as_deref()
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default()
+            ),
+            None => format!(
+                "no scheduler has looked at it (schedulerName {})",
+                pod.spec
+                    .as_ref()
+                    .and_then(|spec| spec.scheduler_name.as_deref())
+                    .unwrap_or("default-scheduler")
+            ),
+        },
+        Some(node) => match containers.filter_map(|c| Some((c, waiting(c)?))).next() {
+            Some((container, (reason, _))) => {
+                format!(
+                    "on node {node}, container {} waits ({reason})",
+                    container.name
+                )
+            }
+            None => format!("on node {node}, its containers have not started"),
+        },
+    };
+    Some(Blockage::new(
+        "PodPendingTooLong",
+        format!("its pod has been Pending since {created}: {detail}"),
+    ))
 }
 
-/// Why a runner cannot start, from the runner and its pod.
+/// Why a runner cannot start, from the runner and its pod, now.
 pub fn blockage(runner: &EphemeralRunner, pod: Option<&Pod>) -> Option<Blockage> {
-    runner_blockage(runner).or_else(|| pod.and_then(pod_blockage))
+    blockage_at(runner, pod, Timestamp::now())
+}
+
+/// Why a runner cannot start, from the runner and its pod, at `now`.
+pub fn blockage_at(
+    runner: &EphemeralRunner,
+    pod: Option<&Pod>,
+    now: Timestamp,
+) -> Option<Blockage> {
+    runner_blockage(runner).or_else(|| pod.and_then(|pod| pod_blockage(pod, now)))
 }
 
 /// What to do about the first blocked runner's reason.
@@ -140,6 +237,14 @@ fn hint(reason: &str) -> &'static str {
         }
         "ContainerConfigInvalid" => {
             "create the Secret or ConfigMap the runner container refers to, or fix spec.template"
+        }
+        "PodUnschedulable" => {
+            "fix the nodeSelector, affinity, tolerations or resource requests in spec.template, or add nodes that \
+             fit (with a cluster autoscaler, this clears once its new node is up)"
+        }
+        "PodPendingTooLong" => {
+            "kubectl describe pod: check that the scheduler named by schedulerName runs, and the pod's Events \
+             (volumes that cannot be mounted, init containers that do not finish)"
         }
         _ => {
             "read the runner pod's log (kubectl logs); a runner is replaced after --runner-max-pod-failures failures"
@@ -178,45 +283,90 @@ pub fn runner_set_of_runner(runner: &EphemeralRunner) -> Option<ObjectRef<Autosc
 /// Sets to look at again because one of their runners (or its pod) became blocked or stopped being blocked.
 /// Only those changes pass; the blocked objects are remembered (a bounded number: entries of runners gone from
 /// the cache are dropped once the memory grows).
+///
+/// A pod that becomes blocked by the clock alone ([`PENDING_TOO_LONG`]) brings no event: the set's periodic
+/// pass finds it. Pods still `Pending` are remembered too, so that one leaving `Pending` after that time
+/// brings its set back at once (it may show the pod as blocked).
 pub fn blockage_changes(
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
     pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
     runner_store: Store<EphemeralRunner>,
 ) -> impl Stream<Item = ObjectRef<AutoscalingRunnerSet>> + Send + 'static {
+    blockage_changes_by(runners, pods, runner_store, Timestamp::now)
+}
+
+/// [`blockage_changes`] with the time from `clock`.
+fn blockage_changes_by(
+    runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
+    pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
+    runner_store: Store<EphemeralRunner>,
+    clock: impl Fn() -> Timestamp + Send + 'static,
+) -> impl Stream<Item = ObjectRef<AutoscalingRunnerSet>> + Send + 'static {
     enum Seen {
         Runner(Arc<EphemeralRunner>),
         Pod(Arc<Pod>),
     }
+    #[derive(Default)]
+    struct Memory {
+        /// Runners (`false`) and pods (`true`) that are blocked.
+        blocked: HashSet<(bool, String, String)>,
+        /// Pods `Pending` without a known cause.
+        pending: HashSet<(String, String)>,
+    }
     const PRUNE_ABOVE: usize = 1024;
-    let blocked: Arc<Mutex<HashSet<(bool, String, String)>>> = Arc::default();
+    let memory: Arc<Mutex<Memory>> = Arc::default();
     stream::select(runners.map(Seen::Runner), pods.map(Seen::Pod)).filter_map(move |seen| {
-        let (is_pod, namespace, name, now_blocked) = match &seen {
+        let now = clock();
+        let (namespace, name, now_blocked) = match &seen {
             Seen::Runner(runner) => (
-                false,
                 runner.namespace().unwrap_or_default(),
                 runner.name_any(),
                 runner_blockage(runner).is_some(),
             ),
             // A runner's pod has the runner's name.
             Seen::Pod(pod) => (
-                true,
                 pod.namespace().unwrap_or_default(),
                 pod.name_any(),
-                pod_blockage(pod).is_some(),
+                pod_blockage(pod, now).is_some(),
             ),
         };
-        let key = (is_pod, namespace.clone(), name.clone());
         let changed = {
-            let mut blocked = blocked.lock().unwrap_or_else(PoisonError::into_inner);
-            let changed = if now_blocked {
-                blocked.insert(key)
+            let mut memory = memory.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = (
+                matches!(seen, Seen::Pod(_)),
+                namespace.clone(),
+                name.clone(),
+            );
+            let mut changed = if now_blocked {
+                memory.blocked.insert(key)
             } else {
-                blocked.remove(&key)
+                memory.blocked.remove(&key)
             };
-            if blocked.len() > PRUNE_ABOVE {
-                blocked.retain(|(_, ns, name)| {
+            if let Seen::Pod(pod) = &seen {
+                let key = (namespace.clone(), name.clone());
+                if is_pending(pod) && !now_blocked {
+                    memory.pending.insert(key);
+                } else if memory.pending.remove(&key) && !now_blocked {
+                    // It left `Pending`; past the limit, the set may have counted it by the clock.
+                    changed |= pod
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .and_then(|created| {
+                            created
+                                .0
+                                .checked_add(SignedDuration::try_from(PENDING_TOO_LONG).ok()?)
+                                .ok()
+                        })
+                        .is_some_and(|deadline| now >= deadline);
+                }
+            }
+            if memory.blocked.len() + memory.pending.len() > PRUNE_ABOVE {
+                let known = |ns: &str, name: &str| {
                     runner_store.get(&ObjectRef::new(name).within(ns)).is_some()
-                });
+                };
+                memory.blocked.retain(|(_, ns, name)| known(ns, name));
+                memory.pending.retain(|(ns, name)| known(ns, name));
             }
             changed
         };
@@ -261,6 +411,20 @@ mod tests {
             json!({"metadata": {"name": name, "namespace": "ns"}, "status": status}),
         )
         .unwrap()
+    }
+
+    /// Pods of these tests are created at 0; "now" is a minute later.
+    fn created(mut pod: Pod) -> Pod {
+        pod.metadata.creation_timestamp = Some(Time(Timestamp::from_second(0).unwrap()));
+        pod
+    }
+
+    fn minutes(m: i64) -> Timestamp {
+        Timestamp::from_second(m * 60).unwrap()
+    }
+
+    fn pod_blockage_now(pod: &Pod) -> Option<Blockage> {
+        pod_blockage(&created(pod.clone()), minutes(1))
     }
 
     fn waiting_pod(name: &str, reason: &str, message: &str) -> Pod {
@@ -329,21 +493,22 @@ mod tests {
 
     #[test]
     fn pods_that_cannot_start_their_containers() {
-        let pull = pod_blockage(&waiting_pod(
+        let pull = pod_blockage_now(&waiting_pod(
             "a",
             "ImagePullBackOff",
             "Back-off pulling image",
         ))
         .unwrap();
         assert_eq!(pull.reason, "ImagePullFailed");
-        let err = pod_blockage(&waiting_pod("a", "ErrImagePull", "rpc error: not found")).unwrap();
+        let err =
+            pod_blockage_now(&waiting_pod("a", "ErrImagePull", "rpc error: not found")).unwrap();
         assert_eq!(pull, err, "the alternating kubelet reasons say the same");
         assert!(
             pull.message.contains("ghcr.io/x/runner:nope"),
             "{}",
             pull.message
         );
-        let config = pod_blockage(&waiting_pod(
+        let config = pod_blockage_now(&waiting_pod(
             "a",
             "CreateContainerConfigError",
             "secret \"s\" not found",
@@ -352,7 +517,7 @@ mod tests {
         assert_eq!(config.reason, "ContainerConfigInvalid");
         assert!(config.message.contains("secret \"s\" not found"));
         assert_eq!(
-            pod_blockage(&waiting_pod("a", "ContainerCreating", "")),
+            pod_blockage_now(&waiting_pod("a", "ContainerCreating", "")),
             None
         );
         let init = pod(
@@ -362,8 +527,11 @@ mod tests {
                 "state": {"waiting": {"reason": "ErrImageNeverPull"}},
             }]}),
         );
-        assert_eq!(pod_blockage(&init).unwrap().reason, "ImagePullFailed");
-        assert_eq!(pod_blockage(&pod("a", json!({"phase": "Running"}))), None);
+        assert_eq!(pod_blockage_now(&init).unwrap().reason, "ImagePullFailed");
+        assert_eq!(
+            pod_blockage_now(&pod("a", json!({"phase": "Running"}))),
+            None
+        );
         // The runner's own status comes first.
         let rejected = runner(
             "a",
@@ -374,14 +542,107 @@ mod tests {
         );
         let pulled = waiting_pod("a", "ErrImagePull", "");
         assert_eq!(
-            blockage(&rejected, Some(&pulled)).unwrap().reason,
+            blockage_at(&rejected, Some(&pulled), minutes(1))
+                .unwrap()
+                .reason,
             "PodCreationRejected"
         );
         let fine = runner("a", EphemeralRunnerStatus::default());
         assert_eq!(
-            blockage(&fine, Some(&pulled)).unwrap().reason,
+            blockage_at(&fine, Some(&pulled), minutes(1))
+                .unwrap()
+                .reason,
             "ImagePullFailed"
         );
+    }
+
+    fn unscheduled(reason: &str, message: &str) -> Pod {
+        created(pod(
+            "a",
+            json!({"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": reason, "message": message,
+            }]}),
+        ))
+    }
+
+    #[test]
+    fn the_schedulers_verdict_counts_at_once() {
+        let message =
+            "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.";
+        let blocked = pod_blockage(&unscheduled("Unschedulable", message), minutes(0)).unwrap();
+        assert_eq!(blocked.reason, "PodUnschedulable");
+        assert!(blocked.message.ends_with(message), "{}", blocked.message);
+        // Scheduled now: the old verdict is history.
+        let mut bound = unscheduled("Unschedulable", message);
+        bound.spec =
+            Some(serde_json::from_value(json!({"containers": [], "nodeName": "n1"})).unwrap());
+        assert_eq!(pod_blockage(&bound, minutes(1)), None);
+        let mut scheduled = unscheduled("", "");
+        scheduled
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "True".into();
+        assert_eq!(pod_blockage(&scheduled, minutes(1)), None);
+        // A scheduling gate is someone's deliberate hold: only the clock rule applies to it.
+        assert_eq!(
+            pod_blockage(&unscheduled("SchedulingGated", "gated"), minutes(9)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_pod_pending_without_a_known_cause_counts_after_the_limit() {
+        let limit = i64::try_from(PENDING_TOO_LONG.as_secs() / 60).unwrap();
+        let fresh = created(pod("a", json!({"phase": "Pending"})));
+        assert_eq!(
+            pod_blockage(&fresh, minutes(limit) - SignedDuration::from_secs(1)),
+            None
+        );
+        let late = pod_blockage(&fresh, minutes(limit)).unwrap();
+        assert_eq!(late.reason, "PodPendingTooLong");
+        assert!(
+            late.message
+                .contains("no scheduler has looked at it (schedulerName default-scheduler)"),
+            "{}",
+            late.message
+        );
+        assert_eq!(
+            pod_blockage(&fresh, minutes(limit + 30)),
+            Some(late),
+            "the message does not change with the clock"
+        );
+        let gated = pod_blockage(&unscheduled("SchedulingGated", "gated"), minutes(limit)).unwrap();
+        assert!(
+            gated
+                .message
+                .contains("not scheduled (SchedulingGated: gated)"),
+            "{}",
+            gated.message
+        );
+        let mut mounting = created(pod(
+            "a",
+            json!({"phase": "Pending", "containerStatuses": [{
+                "name": "runner", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }]}),
+        ));
+        mounting.spec =
+            Some(serde_json::from_value(json!({"containers": [], "nodeName": "n1"})).unwrap());
+        let stuck = pod_blockage(&mounting, minutes(limit)).unwrap();
+        assert!(
+            stuck
+                .message
+                .contains("on node n1, container runner waits (ContainerCreating)"),
+            "{}",
+            stuck.message
+        );
+        // Running or finished pods are not Pending, however old.
+        let running = created(pod("a", json!({"phase": "Running"})));
+        assert_eq!(pod_blockage(&running, minutes(limit * 10)), None);
     }
 
     #[test]
@@ -437,5 +698,41 @@ mod tests {
         // Runner blocked, runner unblocked, pod blocked, pod unblocked; repeats and an unknown runner's pod do
         // not count.
         assert_eq!(sets, vec![set.clone(), set.clone(), set.clone(), set]);
+    }
+
+    #[tokio::test]
+    async fn a_pod_leaving_pending_after_the_limit_brings_the_set_back() {
+        let (store, mut writer) = reflector::store::<EphemeralRunner>();
+        for name in ["set-runner-a", "set-runner-b"] {
+            writer.apply_watcher_event(&Event::Apply(runner(
+                name,
+                EphemeralRunnerStatus::default(),
+            )));
+        }
+        let pod = |name: &str, phase: &str| {
+            let mut pod = pod(name, json!({"phase": phase}));
+            pod.metadata.creation_timestamp = Some(Time(minutes(0)));
+            Arc::new(pod)
+        };
+        let limit = i64::try_from(PENDING_TOO_LONG.as_secs() / 60).unwrap();
+        // Each event at its minute.
+        let events = [
+            // Pending from minute 0 (young), counted by the clock past the limit (no event then), Running at
+            // limit + 5: the set looks again.
+            (pod("set-runner-a", "Pending"), 0),
+            (pod("set-runner-a", "Running"), limit + 5),
+            (pod("set-runner-a", "Running"), limit + 6),
+            // A pod that starts before the limit was never counted: no need to look.
+            (pod("set-runner-b", "Pending"), 0),
+            (pod("set-runner-b", "Running"), 1),
+        ];
+        let times: Vec<Timestamp> = events.iter().map(|(_, m)| minutes(*m)).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let clock = move || times[next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)];
+        let pods = stream::iter(events.map(|(pod, _)| pod));
+        let sets: Vec<_> = blockage_changes_by(stream::empty(), pods, store, clock)
+            .collect()
+            .await;
+        assert_eq!(sets, vec![ObjectRef::new("set").within("ns")]);
     }
 }

@@ -19,6 +19,7 @@ pub mod executor;
 pub mod node;
 mod pki;
 pub mod process;
+mod scheduler;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -40,6 +41,7 @@ pub use control_plane::{ApiServerRestart, ControlPlane};
 pub use crds::{FIELD_MANAGER, apply_crds};
 pub use executor::{LISTENER_POD_SELECTOR, ListenerExecutor};
 pub use node::{NodeConfig, RealNode, node_tier};
+pub use scheduler::{TEST_SCHEDULER, start_scheduler};
 
 /// Everything that can go wrong while starting the control plane.
 #[derive(Debug, thiserror::Error)]
