@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `ScaleSetReady` | False: the scale set cannot be created or read (credentials, Secret, runner group, refused creation, service down) |
 //! | `ListenerReady` | True only while the listener holds the scale set's message session and its polls succeed (its own report); False: not started, failing, session refused or lost, credentials rejected, scale set missing, service unreachable, report stale |
-//! | `RunnersCanStart` | False: runners of the set cannot be created or started (pods refused, invalid, images not pulled, pods failing again and again) |
+//! | `RunnersCanStart` | False: runners of the set cannot be created or started (pods refused, invalid, unschedulable or Pending too long, images not pulled, pods failing again and again) |
 //! | `MaxRunnersReached` | True: as many runners exist as `maxRunners` allows (or `maxRunners` is 0) |
 //! | `Ready` | True: the set is served (scale set found, listener holding its session, runners able to start); otherwise the first failing reason |
 
