@@ -105,7 +105,78 @@ async fn install_chart_rbac(
         }
     }
     let account = account.expect("the chart renders a ServiceAccount");
-    format!("system:serviceaccount:{namespace}:{account}")
+    let user = format!("system:serviceaccount:{namespace}:{account}");
+    await_bindings_in_force(client, &user, manifests.objects(), namespace).await;
+    user
+}
+
+/// Waits until the API server's authorizer grants `user` one right of every binding the chart rendered. The RBAC
+/// authorizer reads roles and bindings from its own watch caches, so a binding just created may not be in force
+/// yet; without this barrier a check right after installing fails now and then (CI saw it), and a negative check
+/// could pass only because the authorizer had not caught up.
+async fn await_bindings_in_force(client: &Client, user: &str, objects: &[Value], namespace: &str) {
+    let role_rules = |kind: &str, ns: Option<&str>, name: &str| {
+        objects
+            .iter()
+            .find(|o| {
+                o["kind"] == kind
+                    && o["metadata"]["name"] == name
+                    && (kind == "ClusterRole"
+                        || o["metadata"]["namespace"].as_str().unwrap_or(namespace)
+                            == ns.unwrap_or(namespace))
+            })
+            .and_then(|o| o["rules"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    for binding in objects {
+        let ns = match binding["kind"].as_str() {
+            Some("RoleBinding") => Some(
+                binding["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or(namespace),
+            ),
+            Some("ClusterRoleBinding") => None,
+            _ => continue,
+        };
+        let role = &binding["roleRef"];
+        let rules = role_rules(
+            role["kind"].as_str().unwrap_or_default(),
+            ns,
+            role["name"].as_str().unwrap_or_default(),
+        );
+        // The first rule naming a concrete verb and resource is enough to see the binding in force.
+        let probe = rules.iter().find_map(|rule| {
+            let first = |key: &str| {
+                rule[key]
+                    .as_array()
+                    .and_then(|v| v.first())
+                    .and_then(Value::as_str)
+                    .filter(|v| *v != "*")
+                    .map(str::to_owned)
+            };
+            Some((
+                first("verbs")?,
+                format!(
+                    "{}/{}",
+                    first("apiGroups").unwrap_or_default(),
+                    first("resources")?
+                ),
+                first("resourceNames"),
+            ))
+        });
+        let Some((verb, resource, name)) = probe else {
+            continue;
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !can(client, user, &verb, &resource, ns, name.as_deref()).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the authorizer never granted {user} {verb} {resource} from binding {}",
+                binding["metadata"]["name"]
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// In single-namespace mode the manager reads Secrets in the watched namespace (credentials) and its own
