@@ -17,6 +17,22 @@ use crate::process::{Supervised, remove_dir_when_process_exits};
 
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// Audit policy for `ARC_RS_AUDIT_WRITES=1`: every write at metadata level, nothing else.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  - level: None
+"#;
+
+/// Whether `ARC_RS_AUDIT_WRITES=1` asks kube-apiserver to log every write to `audit.log` in the control plane's
+/// directory (keep it with `ARC_RS_KEEP_CONTROL_PLANE=1`).
+pub fn audit_writes() -> bool {
+    std::env::var("ARC_RS_AUDIT_WRITES").is_ok_and(|v| v == "1")
+}
+
 /// Index of kube-apiserver in [`ControlPlane::processes`] (etcd is 0, the controller-manager 2).
 const API_SERVER: usize = 1;
 
@@ -141,31 +157,44 @@ impl ControlPlane {
         )?);
         wait_for_port(&mut processes[0], etcd_client).await?;
 
+        let mut api_server_args = args(&[
+            ("--etcd-servers", &etcd_url),
+            ("--bind-address", "127.0.0.1"),
+            ("--advertise-address", "127.0.0.1"),
+            ("--secure-port", &apiserver_port.to_string()),
+            ("--cert-dir", &path_str(&dir.join("apiserver-certs"))),
+            ("--tls-cert-file", &path_str(&serving_cert)),
+            ("--tls-private-key-file", &path_str(&serving_key)),
+            ("--client-ca-file", &path_str(&ca)),
+            // RBAC for real, so the security tests' SubjectAccessReviews mean something.
+            ("--authorization-mode", "RBAC"),
+            (
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+            ),
+            ("--service-account-key-file", &path_str(&sa_pub)),
+            ("--service-account-signing-key-file", &path_str(&sa_key)),
+            ("--service-cluster-ip-range", "10.0.0.0/24"),
+            // The dind container mode needs privileged pods.
+            ("--allow-privileged", "true"),
+            ("--v", "1"),
+        ]);
+        if audit_writes() {
+            // Who wrote what: one JSON line per write request (user, user agent, verb, object, code), for
+            // attributing a benchmark's writes to the manager, the listener, the garbage collector or the
+            // simulated kubelet. Off by default: it costs the API server time on every write.
+            let policy = file("audit-policy.yaml", AUDIT_POLICY)?;
+            api_server_args.extend(args(&[
+                ("--audit-policy-file", &path_str(&policy)),
+                ("--audit-log-path", &path_str(&dir.join("audit.log"))),
+                ("--audit-log-format", "json"),
+                ("--audit-log-mode", "batch"),
+            ]));
+        }
         let api_server = Launch {
             name: "kube-apiserver",
             program: apiserver_bin,
-            args: args(&[
-                ("--etcd-servers", &etcd_url),
-                ("--bind-address", "127.0.0.1"),
-                ("--advertise-address", "127.0.0.1"),
-                ("--secure-port", &apiserver_port.to_string()),
-                ("--cert-dir", &path_str(&dir.join("apiserver-certs"))),
-                ("--tls-cert-file", &path_str(&serving_cert)),
-                ("--tls-private-key-file", &path_str(&serving_key)),
-                ("--client-ca-file", &path_str(&ca)),
-                // RBAC for real, so the security tests' SubjectAccessReviews mean something.
-                ("--authorization-mode", "RBAC"),
-                (
-                    "--service-account-issuer",
-                    "https://kubernetes.default.svc.cluster.local",
-                ),
-                ("--service-account-key-file", &path_str(&sa_pub)),
-                ("--service-account-signing-key-file", &path_str(&sa_key)),
-                ("--service-cluster-ip-range", "10.0.0.0/24"),
-                // The dind container mode needs privileged pods.
-                ("--allow-privileged", "true"),
-                ("--v", "1"),
-            ]),
+            args: api_server_args,
             log: dir.join("kube-apiserver.log"),
         };
         processes.push(api_server.spawn()?);
