@@ -56,6 +56,9 @@ pub struct Stores {
 pub struct Context {
     /// Kubernetes client (rate limited by the manager's flags).
     pub client: Client,
+    /// The runner teardown lane's client: a rate limit of its own in the binary, so that teardown never waits
+    /// for request budget behind creation (docs/runner-lifecycle.md, "Teardown first").
+    pub teardown_client: Client,
     /// Options.
     pub options: Options,
     /// Metric handles.
@@ -273,25 +276,54 @@ impl Expectations {
 }
 
 /// Per-runner facts kept in memory: disruptions (not counted as failures, but backed off), when the registration
-/// was last checked, and registrations already removed. Losing them on restart only resets a backoff, triggers an
-/// early check or repeats a removal the service answers as done; none of them is a guess about the cache. Entries
-/// go when the runner's deletion reaches the watch ([`RunnerMemory::forget`]), whoever finalized it.
+/// was last checked, registrations already removed and runners already finalized. Losing them on restart only
+/// resets a backoff, triggers an early check or repeats a removal or a finalization the API server and the
+/// service answer as done; none of them is a guess about the cache. Disruptions and checks go when the runner's
+/// deletion reaches the watch ([`RunnerMemory::forget`]), whoever finalized it.
 #[derive(Debug, Default)]
 pub struct RunnerMemory {
     disruptions: Mutex<HashMap<String, (u32, Instant)>>,
     checked: Mutex<HashMap<String, Instant>>,
-    /// Registrations removed from the service, by runner uid: the set controller's scale-down removes one before
-    /// it deletes the runner, whose finalizer then need not ask the service again. Kept past the runner's deletion
-    /// event (a pass that began just before it may still finalize once more), for the last
-    /// [`DEREGISTRATIONS_KEPT`] runners: asking the service again is harmless, only a wasted call.
-    deregistered: Mutex<Deregistrations>,
+    /// What was done for a runner that cannot need doing again, by runner uid. Kept past the runner's deletion
+    /// event (a pass that began just before it may still run once more on the cached copy), for the last
+    /// [`ENDINGS_KEPT`] runners: forgetting one only repeats a call whose answer is "already done".
+    endings: Mutex<Endings>,
 }
 
-/// Removed registrations by runner uid, and the uids in the order they came (the oldest go first).
-type Deregistrations = (HashMap<String, HashSet<i64>>, VecDeque<String>);
+/// What was done for a runner that cannot need doing again.
+#[derive(Debug, Default)]
+struct Ending {
+    /// Registrations removed from the service: the set controller's scale-down removes one before it deletes the
+    /// runner, whose finalizer then need not ask the service again.
+    deregistered: HashSet<i64>,
+    /// The API server accepted the removal of the runner's finalizers while it was being deleted: the object is
+    /// gone, and a pass on a cached copy that still shows them has nothing to delete or patch.
+    finalized: bool,
+}
 
-/// How many runners' removed registrations [`RunnerMemory`] keeps (a few hundred KiB at most).
-const DEREGISTRATIONS_KEPT: usize = 4096;
+/// Endings by runner uid, and the uids in the order they came (the oldest go first).
+#[derive(Debug, Default)]
+struct Endings {
+    by_uid: HashMap<String, Ending>,
+    order: VecDeque<String>,
+}
+
+impl Endings {
+    fn entry(&mut self, uid: &str) -> &mut Ending {
+        if !self.by_uid.contains_key(uid) {
+            self.order.push_back(uid.to_owned());
+            if self.order.len() > ENDINGS_KEPT
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.by_uid.remove(&oldest);
+            }
+        }
+        self.by_uid.entry(uid.to_owned()).or_default()
+    }
+}
+
+/// How many runners' endings [`RunnerMemory`] keeps (a few hundred KiB at most).
+const ENDINGS_KEPT: usize = 4096;
 
 impl RunnerMemory {
     /// Records a disruption of runner `uid`; returns how many it had.
@@ -332,28 +364,35 @@ impl RunnerMemory {
 
     /// Records that registration `runner_id` of runner `uid` was removed from the service.
     pub fn deregistered(&self, uid: &str, runner_id: i64) {
-        let mut guard = lock(&self.deregistered);
-        let (ids, order) = &mut *guard;
-        if !ids.contains_key(uid) {
-            order.push_back(uid.to_owned());
-            if order.len() > DEREGISTRATIONS_KEPT
-                && let Some(oldest) = order.pop_front()
-            {
-                ids.remove(&oldest);
-            }
-        }
-        ids.entry(uid.to_owned()).or_default().insert(runner_id);
+        lock(&self.endings)
+            .entry(uid)
+            .deregistered
+            .insert(runner_id);
     }
 
     /// Whether registration `runner_id` of runner `uid` was removed (by either controller).
     pub fn was_deregistered(&self, uid: &str, runner_id: i64) -> bool {
-        lock(&self.deregistered)
-            .0
+        lock(&self.endings)
+            .by_uid
             .get(uid)
-            .is_some_and(|ids| ids.contains(&runner_id))
+            .is_some_and(|ending| ending.deregistered.contains(&runner_id))
     }
 
-    /// Forgets runner `uid` (deleted), but for its removed registrations (see [`RunnerMemory::deregistered`]).
+    /// Records that the API server accepted the removal of the finalizers of runner `uid`, which was being
+    /// deleted: it is gone.
+    pub fn finalized(&self, uid: &str) {
+        lock(&self.endings).entry(uid).finalized = true;
+    }
+
+    /// Whether runner `uid` was finalized (see [`RunnerMemory::finalized`]).
+    pub fn was_finalized(&self, uid: &str) -> bool {
+        lock(&self.endings)
+            .by_uid
+            .get(uid)
+            .is_some_and(|ending| ending.finalized)
+    }
+
+    /// Forgets runner `uid` (deleted), but for its endings (see [`RunnerMemory::deregistered`]).
     pub fn forget(&self, uid: &str) {
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
@@ -438,10 +477,26 @@ mod tests {
         memory.forget("u");
         assert!(memory.was_deregistered("u", 7));
         // Bounded: the oldest runners go first.
-        for i in 0..DEREGISTRATIONS_KEPT {
+        for i in 0..ENDINGS_KEPT {
             memory.deregistered(&format!("r{i}"), 1);
         }
         assert!(!memory.was_deregistered("u", 7));
         assert!(memory.was_deregistered("r1", 1));
+    }
+
+    #[test]
+    fn finalized_runners_are_remembered_with_their_removals() {
+        let memory = RunnerMemory::default();
+        assert!(!memory.was_finalized("u"));
+        memory.deregistered("u", 7);
+        assert!(!memory.was_finalized("u"));
+        memory.finalized("u");
+        memory.forget("u");
+        assert!(memory.was_finalized("u") && memory.was_deregistered("u", 7));
+        assert!(!memory.was_finalized("v"));
+        for i in 0..ENDINGS_KEPT {
+            memory.finalized(&format!("r{i}"));
+        }
+        assert!(!memory.was_finalized("u") && !memory.was_deregistered("u", 7));
     }
 }
