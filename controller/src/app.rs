@@ -30,9 +30,17 @@ pub async fn run(args: &Args) -> Result<()> {
         args.k8s_client_rate_limiter_burst,
     )
     .await?;
+    // Runner teardown gets a client of its own, with a bucket of the same size: deleting a finished runner never
+    // waits behind a burst of creations for request budget (docs/manager-configuration.md says how this
+    // compares with ARC's per-client limits).
+    let teardown_client = kube_client(
+        args.k8s_client_rate_limiter_qps,
+        args.k8s_client_rate_limiter_burst,
+    )
+    .await?;
     let mut options = args.options();
     options.build_version = env!("CARGO_PKG_VERSION").to_owned();
-    let manager = Manager::new(client.clone(), options);
+    let manager = Manager::new(client.clone(), options).with_teardown_client(teardown_client);
 
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));

@@ -66,6 +66,11 @@ pub struct Args {
     #[arg(long, default_value_t = Options::default().runner_concurrency)]
     pub runner_max_concurrent_reconciles: u16,
 
+    /// Finished or deleted EphemeralRunners torn down concurrently, apart from the runners being created (not in
+    /// ARC). Teardown also has a client rate limit of its own, as large as `--k8s-client-rate-limiter-*`.
+    #[arg(long, default_value_t = Options::default().runner_teardown_concurrency)]
+    pub runner_teardown_max_concurrent_reconciles: u16,
+
     /// EphemeralRunnerSets reconciled concurrently.
     #[arg(long, default_value_t = Options::default().runner_set_concurrency)]
     pub runner_set_max_concurrent_reconciles: u16,
@@ -86,13 +91,14 @@ pub struct Args {
     #[arg(long, default_value_t = Options::default().runner_set_parallelism)]
     pub runner_set_parallelism: usize,
 
-    /// Kubernetes client rate limit: requests per second for the WHOLE manager process, one token bucket shared by
-    /// every controller and watch (0 disables). ARC's flag of the same name sets a limit per client-go client, and
-    /// ARC builds several, so ARC at 20 was seen making about 40 requests/s: to copy an ARC setting, double it.
+    /// Kubernetes client rate limit, requests per second (0 disables): one token bucket shared by every controller
+    /// and watch, and a second bucket of the same size for runner teardown alone. ARC's flag of the same name sets
+    /// a limit per client-go client, and ARC builds several, so ARC at 20 was seen making about 40 requests/s: to
+    /// copy an ARC setting, double it.
     #[arg(long, alias = "kube-api-qps", default_value_t = 200.0)]
     pub k8s_client_rate_limiter_qps: f64,
 
-    /// Kubernetes client burst (of the one process-wide bucket, see the QPS flag).
+    /// Kubernetes client burst (of each of the two buckets, see the QPS flag).
     #[arg(long, alias = "kube-api-burst", default_value_t = 500)]
     pub k8s_client_rate_limiter_burst: u32,
 
@@ -199,6 +205,7 @@ impl Args {
             watch_namespace: self.watch_namespace(),
             exclude_label_propagation_prefixes: self.exclude_label_propagation_prefixes.clone(),
             runner_concurrency: self.runner_max_concurrent_reconciles,
+            runner_teardown_concurrency: self.runner_teardown_max_concurrent_reconciles,
             runner_set_concurrency: self.runner_set_max_concurrent_reconciles,
             runner_set_parallelism: self.runner_set_parallelism.max(1),
             actions_call_timeout: self.actions_call_timeout,
@@ -376,6 +383,7 @@ mod tests {
         assert_eq!(listener.log_format, "text");
         assert_eq!(args.metrics_address().unwrap(), None);
         assert_eq!(args.options().runner_concurrency, 64);
+        assert_eq!(args.options().runner_teardown_concurrency, 32);
     }
 
     #[test]

@@ -59,6 +59,8 @@ impl Readiness {
 /// The controller manager. Build it, hand its registry and readiness to the HTTP servers, then [`Manager::run`].
 pub struct Manager {
     client: Client,
+    /// The client of the runner teardown lane (its own rate limit); `client` unless set.
+    teardown_client: Option<Client>,
     options: Options,
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
@@ -72,11 +74,20 @@ impl Manager {
         let metrics = Arc::new(Metrics::register(&mut registry));
         Self {
             client,
+            teardown_client: None,
             options,
             registry: Arc::new(registry),
             metrics,
             readiness: Readiness::default(),
         }
+    }
+
+    /// Gives the runner teardown lane a client of its own (the binary's has its own rate limit), so that
+    /// finished runners never wait for request budget behind runners being created.
+    #[must_use]
+    pub fn with_teardown_client(mut self, client: Client) -> Self {
+        self.teardown_client = Some(client);
+        self
     }
 
     /// The metrics registry, for `/metrics`.
@@ -134,9 +145,11 @@ impl Manager {
         let mut runner_fanout = Fanout::default();
         let runners_for_runner_controller = runner_fanout.subscribe();
         let runners_for_set_controller = runner_fanout.subscribe();
+        let runners_for_teardown = runner_fanout.subscribe();
         let (pod_store, pod_writer) = reflector::store::<Pod>();
         let mut pod_fanout = Fanout::default();
         let pods_for_runner_controller = pod_fanout.subscribe();
+        let pods_for_teardown = pod_fanout.subscribe();
 
         // The AutoscalingRunnerSet and AutoscalingListener controllers need the controller namespace (where
         // listeners live); without it only the runner controllers run.
@@ -229,6 +242,10 @@ impl Manager {
         tracing::info!("watches listed; starting controllers");
 
         let ctx = Arc::new(Context {
+            teardown_client: self
+                .teardown_client
+                .clone()
+                .unwrap_or_else(|| self.client.clone()),
             recorder: Recorder::new(
                 self.client.clone(),
                 Reporter {
@@ -271,6 +288,12 @@ impl Manager {
                 runners_for_runner_controller,
                 pods_for_runner_controller,
                 pod_deleted_rx,
+                stopped(&shutdown),
+            ),
+            ephemeral_runner::run_teardown(
+                Arc::clone(&ctx),
+                runners_for_teardown,
+                pods_for_teardown,
                 stopped(&shutdown),
             ),
             ephemeral_runner_set::run(

@@ -20,6 +20,9 @@ pub struct Options {
     pub exclude_label_propagation_prefixes: Vec<String>,
     /// How many EphemeralRunners are reconciled at the same time.
     pub runner_concurrency: u16,
+    /// How many finished or deleted EphemeralRunners are torn down at the same time, apart from
+    /// [`Options::runner_concurrency`]: teardown never queues behind creation.
+    pub runner_teardown_concurrency: u16,
     /// How many EphemeralRunnerSets are reconciled at the same time.
     pub runner_set_concurrency: u16,
     /// How many runner creations or deletions one EphemeralRunnerSet reconcile runs at the same time.
@@ -131,6 +134,7 @@ impl Default for Options {
             // ARC's default of 2 workers is the ceiling its users hit at a few hundred runners; reconciles are
             // I/O bound, so many run well on two cores.
             runner_concurrency: 64,
+            runner_teardown_concurrency: 32,
             runner_set_concurrency: 8,
             runner_set_parallelism: 32,
             build_version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -82,14 +82,45 @@ const SERVICE_RETRY: Duration = Duration::from_secs(1);
 /// Upper bound of decision steps in one pass ([`super::lifecycle`]'s property tests show passes end sooner).
 const MAX_STEPS: usize = 16;
 
+/// Whether a runner's end has come, which the teardown lane carries out ([`teardown`]): it is being deleted, or
+/// its pod succeeded (the runner ran its one job and exited 0) while it is not already done.
+pub fn in_teardown(runner: &EphemeralRunner, pod: Option<&Pod>) -> bool {
+    runner.meta().deletion_timestamp.is_some()
+        || (!runner.is_done() && pod.is_some_and(|pod| judge_pod(pod) == PodVerdict::Succeeded))
+}
+
+/// The teardown lane's pass ([`super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
+/// being deleted is deregistered, its pod and Secret deleted and its finalizers dropped, in this one pass. Other
+/// runners are the main lane's ([`reconcile`]).
+#[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
+pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
+    let step = Step::new(&runner, &ctx, ctx.teardown_client.clone())?;
+    let pod = ctx
+        .stores
+        .pods
+        .get(&ObjectRef::new(&step.name).within(&step.namespace));
+    if !in_teardown(&runner, pod.as_deref()) {
+        return Ok(Action::await_change());
+    }
+    if runner.meta().deletion_timestamp.is_none() {
+        step.delete_self().await?;
+    }
+    // Finalized now rather than on the deletion's watch event, which would only bring the runner back here.
+    step.finalize().await
+}
+
 /// Reconciles one EphemeralRunner.
 #[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
 pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
-    let step = Step::new(&runner, &ctx)?;
+    let step = Step::new(&runner, &ctx, ctx.client.clone())?;
     let mut pod = ctx
         .stores
         .pods
         .get(&ObjectRef::new(&step.name).within(&step.namespace));
+    if in_teardown(&runner, pod.as_deref()) {
+        // The teardown lane's ([`teardown`]).
+        return Ok(Action::await_change());
+    }
     let mut facts = step.initial_facts(pod.as_deref());
     let mut identity = step.recorded_identity();
     for _ in 0..MAX_STEPS {
@@ -139,7 +170,8 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
                 }
                 Registration::Wait(action) => return Ok(action),
             },
-            Next::Finalize => return step.finalize().await,
+            // The teardown lane's; `in_teardown` above already left such a runner to it.
+            Next::Finalize => return Ok(Action::await_change()),
             Next::DeleteChildren => {
                 step.delete_children().await?;
                 return Ok(Action::await_change());
@@ -271,9 +303,9 @@ struct Step<'a> {
 }
 
 impl<'a> Step<'a> {
-    fn new(runner: &'a EphemeralRunner, ctx: &'a Context) -> Result<Self> {
+    /// A pass over `runner` whose writes go through `client` (the main lane's or the teardown lane's).
+    fn new(runner: &'a EphemeralRunner, ctx: &'a Context, client: kube::Client) -> Result<Self> {
         let (name, namespace) = name_and_namespace(runner, KIND)?;
-        let client = ctx.client.clone();
         Ok(Self {
             runner,
             ctx,
@@ -998,12 +1030,8 @@ impl<'a> Step<'a> {
                 reason,
                 message,
             } => self.follow(&phase, ready, reason, message, identity).await,
-            PodVerdict::Succeeded => {
-                self.delete_self().await?;
-                // Finalize now rather than on the deletion's watch event: under load that event waits its turn
-                // in the queue behind every other runner, and the finished runner holds its place meanwhile.
-                self.finalize().await
-            }
+            // A pod read from the API server in this pass: its watch event brings the runner to the teardown lane.
+            PodVerdict::Succeeded => Ok(Action::await_change()),
             PodVerdict::Outdated => self.mark_outdated(identity).await,
             PodVerdict::Failed(failure) => self.pod_failed(pod, failure, identity).await,
         }
@@ -1225,7 +1253,11 @@ impl<'a> Step<'a> {
 
     /// Deletion: deregister, delete children, then drop both finalizers.
     async fn finalize(&self) -> Result<Action> {
-        if !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER) {
+        // A pass on a cached copy from before this runner's finalization: it is gone, and deleting its children
+        // or patching it again would only cost the API server requests answered with 404.
+        if !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER)
+            || self.ctx.runner_memory.was_finalized(&self.uid)
+        {
             return Ok(Action::await_change());
         }
         if has_finalizer(self.runner, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER)
@@ -1243,6 +1275,8 @@ impl<'a> Step<'a> {
         // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still finalize
         // it once more, and then need not ask the service again.
         remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS, KIND).await?;
+        // Finalizing follows a deletion request (the cached copy's or this pass's own): the object is gone now.
+        self.ctx.runner_memory.finalized(&self.uid);
         Ok(Action::await_change())
     }
 
@@ -1350,6 +1384,53 @@ mod tests {
         }
         assert_eq!(RunnerPhase::of_pod("Running"), RunnerPhase::Running);
         assert_eq!(RunnerPhase::of_pod(""), RunnerPhase::Pending);
+    }
+
+    #[test]
+    fn the_teardown_lane_takes_deleted_runners_and_runners_whose_pod_succeeded() {
+        let runner = |deleting: bool, phase: &str| -> EphemeralRunner {
+            serde_json::from_value(json!({
+                "metadata": {
+                    "name": "r", "namespace": "ns",
+                    "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),
+                },
+                "spec": {
+                    "githubConfigUrl": "https://github.com/org", "githubConfigSecret": "creds",
+                    "runnerScaleSetId": 1, "metadata": {}, "spec": { "containers": [] },
+                },
+                "status": { "phase": phase },
+            }))
+            .unwrap()
+        };
+        let pod = |phase: &str, exit_code: i32| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": { "name": "r", "namespace": "ns" },
+                "status": {
+                    "phase": phase,
+                    "containerStatuses": [{
+                        "name": RUNNER_CONTAINER_NAME, "image": "i", "imageID": "", "ready": false,
+                        "restartCount": 0,
+                        "state": { "terminated": { "exitCode": exit_code } },
+                    }],
+                },
+            }))
+            .unwrap()
+        };
+        let succeeded = pod("Succeeded", 0);
+        let failed = pod("Failed", 1);
+        assert!(in_teardown(&runner(true, phase::RUNNING), None));
+        assert!(in_teardown(&runner(true, phase::FAILED), Some(&failed)));
+        assert!(in_teardown(
+            &runner(false, phase::RUNNING),
+            Some(&succeeded)
+        ));
+        // Following, restarting and keeping done runners' places is the main lane's.
+        assert!(!in_teardown(&runner(false, phase::RUNNING), None));
+        assert!(!in_teardown(&runner(false, phase::RUNNING), Some(&failed)));
+        assert!(!in_teardown(
+            &runner(false, phase::FAILED),
+            Some(&succeeded)
+        ));
     }
 
     #[test]
