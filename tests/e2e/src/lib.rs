@@ -4,6 +4,8 @@
 //! * [`world`] starts everything a scale set needs on one machine: the local control plane, the fake Actions
 //!   Service, the manager in-process, the listener-pod executor running the real listener, the simulator, and
 //!   one scale set installed from the objects `helm template` renders for the scale-set chart.
+//! * [`node_world`] is the same on a real node: the listener and the runners real pods from the project's
+//!   images, run by a kubelet (the real-node tier and `demo --real-node`).
 //! * [`checks`] are the invariants every suite ends with: every job completed exactly once, no runner left in
 //!   the fake, no orphan pod, Secret or EphemeralRunner.
 //!
@@ -13,6 +15,7 @@ pub mod bench;
 pub mod chaos;
 pub mod checks;
 pub mod cli;
+pub mod node_world;
 pub mod simulator;
 pub mod world;
 

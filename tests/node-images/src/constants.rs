@@ -34,6 +34,9 @@ pub mod env {
     /// How often the runner renews the job it runs, in milliseconds (default 1000); a runner that stops
     /// renewing (killed, its node gone) is lost once the fake's `runner_lost_timeout` passes.
     pub const RENEW_MS: &str = "ARC_RS_RUNNER_RENEW_MS";
+    /// An exit code: the runner exits with it at once, before reporting online (a runner that cannot start:
+    /// a broken image or configuration).
+    pub const EXIT_AT_START: &str = "ARC_RS_RUNNER_EXIT_AT_START";
     /// `1`: the process starts and then does nothing at all (never reports online, never exits).
     pub const HANG: &str = "ARC_RS_RUNNER_HANG";
     /// `1`: SIGTERM is logged and ignored; only SIGKILL (the end of the grace period) stops the runner.

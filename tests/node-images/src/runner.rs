@@ -197,6 +197,8 @@ async fn run_job<S: RunnerService>(service: &S, job: i64, behaviour: &JobBehavio
 #[derive(Debug, Clone, PartialEq)]
 pub struct Switches {
     pub job: JobBehaviour,
+    /// Exit at once with this code, before reporting online.
+    pub exit_at_start: Option<i32>,
     pub hang: bool,
     pub ignore_sigterm: bool,
     pub grow_memory: bool,
@@ -231,20 +233,22 @@ impl Switches {
                 }),
             }
         };
-        let exit_code = match var(env::EXIT_CODE) {
-            None => 0,
-            Some(value) => {
-                value
-                    .trim()
-                    .parse::<u8>()
-                    .map(i32::from)
-                    .map_err(|e| Error::Setting {
-                        name: env::EXIT_CODE,
-                        value,
-                        reason: format!("an exit code is 0 to 255: {e}"),
-                    })?
-            }
+        let code = |name: &'static str| -> Result<Option<i32>> {
+            var(name)
+                .map(|value| {
+                    value
+                        .trim()
+                        .parse::<u8>()
+                        .map(i32::from)
+                        .map_err(|e| Error::Setting {
+                            name,
+                            value,
+                            reason: format!("an exit code is 0 to 255: {e}"),
+                        })
+                })
+                .transpose()
         };
+        let exit_code = code(env::EXIT_CODE)?.unwrap_or(0);
         Ok(Self {
             job: JobBehaviour {
                 job_duration: millis(env::JOB_MS, defaults.job_duration)?,
@@ -253,6 +257,7 @@ impl Switches {
                 poll_interval: millis(env::POLL_MS, defaults.poll_interval)?,
                 renew_interval: millis(env::RENEW_MS, defaults.renew_interval)?,
             },
+            exit_at_start: code(env::EXIT_AT_START)?,
             hang: flag(env::HANG)?,
             ignore_sigterm: flag(env::IGNORE_SIGTERM)?,
             grow_memory: flag(env::GROW_MEMORY)?,
@@ -367,12 +372,14 @@ mod tests {
         let none = Switches::from_env(|_| None).unwrap();
         assert_eq!(none.job, JobBehaviour::default());
         assert!(!none.hang && !none.ignore_sigterm && !none.grow_memory);
+        assert_eq!(none.exit_at_start, None);
         let vars: HashMap<&str, &str> = [
             (env::JOB_MS, "2500"),
             (env::EXIT_CODE, "3"),
             (env::IGNORE_SIGTERM, "1"),
             (env::GROW_MEMORY, "true"),
             (env::JOB_RESULT, "failed"),
+            (env::EXIT_AT_START, "1"),
         ]
         .into();
         let set = Switches::from_env(|k| vars.get(k).map(|v| (*v).to_owned())).unwrap();
@@ -380,6 +387,7 @@ mod tests {
         assert_eq!(set.job.exit_code, 3);
         assert_eq!(set.job.job_result, "failed");
         assert!(set.ignore_sigterm && set.grow_memory && !set.hang);
+        assert_eq!(set.exit_at_start, Some(1));
     }
 
     #[test]
@@ -387,6 +395,7 @@ mod tests {
         for (name, value) in [
             (env::JOB_MS, "soon"),
             (env::EXIT_CODE, "300"),
+            (env::EXIT_AT_START, "-1"),
             (env::HANG, "yes please"),
         ] {
             let error = Switches::from_env(|k| (k == name).then(|| value.to_owned()))

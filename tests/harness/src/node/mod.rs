@@ -109,6 +109,8 @@ pub struct RealNode {
     janitor: Option<Janitor>,
     /// Whether the Node object and the RBAC binding are gone already.
     objects_deleted: bool,
+    /// The kubelet's program and arguments, to start it again after [`RealNode::kill_kubelet`].
+    kubelet_command: (PathBuf, Vec<String>),
     /// How long start-up took, from nothing to a Ready node.
     pub started_in: Duration,
 }
@@ -200,6 +202,7 @@ impl RealNode {
             processes: Vec::new(),
             janitor: Some(janitor),
             objects_deleted: false,
+            kubelet_command: (parts.kubelet.clone(), Vec::new()),
             started_in: Duration::ZERO,
         };
 
@@ -259,20 +262,16 @@ impl RealNode {
         node.bind_node_role().await?;
         let kubelet_config = dir.join("kubelet-config.json");
         write(&kubelet_config, &config::kubelet_config(&layout))?;
-        node.processes.push(Supervised::spawn(
-            "kubelet",
-            &parts.kubelet,
-            &[
-                format!("--config={}", kubelet_config.display()),
-                format!("--kubeconfig={}", kubeconfig.display()),
-                format!("--root-dir={}", layout.kubelet_root().display()),
-                format!("--cert-dir={}", dir.join("kubelet-pki").display()),
-                format!("--node-ip={node_ip}"),
-                format!("--hostname-override={name}"),
-                "--v=1".to_owned(),
-            ],
-            &dir.join("kubelet.log"),
-        )?);
+        node.kubelet_command.1 = vec![
+            format!("--config={}", kubelet_config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--root-dir={}", layout.kubelet_root().display()),
+            format!("--cert-dir={}", dir.join("kubelet-pki").display()),
+            format!("--node-ip={node_ip}"),
+            format!("--hostname-override={name}"),
+            "--v=1".to_owned(),
+        ];
+        node.spawn_kubelet()?;
         ensure_scheduler(control_plane, parts)?;
         node.wait_ready().await?;
         node.started_in = started.elapsed();
@@ -393,6 +392,91 @@ impl RealNode {
             .iter()
             .filter_map(|p| p.pid().map(|pid| (p.name().to_owned(), pid)))
             .collect()
+    }
+
+    fn spawn_kubelet(&mut self) -> Result<(), Error> {
+        let (program, args) = &self.kubelet_command;
+        let kubelet = Supervised::spawn("kubelet", program, args, &self.dir.join("kubelet.log"))?;
+        self.processes.push(kubelet);
+        Ok(())
+    }
+
+    /// Kills the kubelet with SIGKILL, as a node failure would (the containers keep running: see
+    /// [`RealNode::kill_containers`]); [`RealNode::start_kubelet`] brings it back.
+    pub fn kill_kubelet(&mut self) -> Result<(), Error> {
+        let Some(index) = self.processes.iter().position(|p| p.name() == "kubelet") else {
+            return Err(Error::KillProcess {
+                name: "kubelet".to_owned(),
+                reason: "it is not running".to_owned(),
+            });
+        };
+        let mut kubelet = self.processes.remove(index);
+        kubelet.kill()?;
+        kubelet.stop();
+        Ok(())
+    }
+
+    /// Starts the kubelet again, with its first arguments, after [`RealNode::kill_kubelet`].
+    pub fn start_kubelet(&mut self) -> Result<(), Error> {
+        if self.processes.iter().any(|p| p.name() == "kubelet") {
+            return Ok(());
+        }
+        self.spawn_kubelet()
+    }
+
+    /// Kills every process of every container and pod sandbox of the node (SIGKILL to everything in the node's
+    /// cgroups), as a power loss would; returns how many processes were signalled. containerd and its shims
+    /// live outside those cgroups: they record the containers as exited (137).
+    pub fn kill_containers(&self) -> usize {
+        let mut killed = std::collections::BTreeSet::new();
+        for _ in 0..50 {
+            // A killed process stays listed until its parent reaps it: only live ones count.
+            let live: Vec<String> = config::cgroup_hierarchies()
+                .iter()
+                .map(|h| h.join(self.cgroup_root.trim_start_matches('/')))
+                .flat_map(|root| cgroup_procs_under(&root))
+                .filter(|pid| is_live(pid))
+                .collect();
+            if live.is_empty() {
+                break;
+            }
+            for pid in live {
+                let signalled = std::process::Command::new("kill")
+                    .args(["-KILL", &pid])
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if signalled {
+                    killed.insert(pid);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        killed.len()
+    }
+
+    /// Sends `signal` (e.g. `SIGSTOP`) to a container's main process through containerd; `container_id` as in
+    /// the pod status, with or without its `containerd://` prefix.
+    pub async fn signal_container(&self, container_id: &str, signal: &str) -> Result<(), Error> {
+        let id = container_id.trim_start_matches("containerd://");
+        let output = tokio::process::Command::new(&self.ctr)
+            .arg("-a")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io", "tasks", "kill", "--signal", signal, id])
+            .output()
+            .await
+            .map_err(|source| Error::StartProcess {
+                name: "ctr tasks kill".to_owned(),
+                source,
+            })?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(Error::KillProcess {
+                name: format!("container {id}"),
+                reason: String::from_utf8_lossy(&output.stderr).into_owned(),
+            })
+        }
     }
 
     /// Stops everything, removes the Node object and the node's RBAC binding, cleans the host and returns
@@ -597,6 +681,36 @@ fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
         *port = l.local_addr().map_err(Error::AllocatePort)?.port();
     }
     Ok(ports)
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn is_live(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// Process ids in every `cgroup.procs` under `root` (nothing when it does not exist).
+fn cgroup_procs_under(root: &Path) -> Vec<String> {
+    let mut pids = Vec::new();
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(entry.path());
+            }
+        }
+        if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            pids.extend(procs.split_whitespace().map(str::to_owned));
+        }
+    }
+    pids
 }
 
 fn write(path: &Path, contents: &str) -> Result<(), Error> {

@@ -23,6 +23,10 @@ async fn main() -> ExitCode {
         Ok(switches) => switches,
         Err(error) => return broken(&error.to_string()),
     };
+    if let Some(code) = switches.exit_at_start {
+        println!("runner: exiting {code} at start");
+        return ExitCode::from(u8::try_from(code).unwrap_or(BROKEN));
+    }
     // In its container the runner is process 1, which the kernel shields from every signal it has no handler
     // for: without this handler SIGTERM would do nothing at all.
     let sigterm = match signal(SignalKind::terminate()) {
