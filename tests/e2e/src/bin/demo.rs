@@ -22,6 +22,11 @@ use serde_json::json;
     about = "Runs one runner scale set locally against the fake Actions Service and shows it working"
 )]
 struct Args {
+    /// Run on a real node (kubelet, containerd and runc, from the real-node test tier): the listener and the
+    /// runners real pods from the project's images instead of the executor and the simulator. Needs root and
+    /// the tier's parts (tests/env/provision-node.sh); `--max-runners` defaults to 10 there.
+    #[arg(long, conflicts_with_all = ["start_failure_rate", "scheduling_delay_ms", "json"])]
+    real_node: bool,
     /// Jobs to run.
     #[arg(long, default_value_t = 50)]
     jobs: u32,
@@ -76,6 +81,9 @@ struct Summary {
 fn main() -> ExitCode {
     let args = Args::parse();
     e2e::cli::init_tracing();
+    if args.real_node {
+        return real_node(&args);
+    }
     e2e::cli::run("demo", args.json, run(&args), print_summary, |summary| {
         summary.lost == 0 && summary.served_twice == 0 && summary.problems.is_empty()
     })
@@ -251,6 +259,26 @@ fn print_summary(s: &Summary) {
         println!("checks FAILED:");
         for problem in &s.problems {
             println!("  - {problem}");
+        }
+    }
+}
+
+/// `--real-node`: the same demo on a real node (`e2e::node_world`); exit status 2 when this host cannot run one.
+fn real_node(args: &Args) -> ExitCode {
+    let spec = e2e::node_world::DemoSpec {
+        jobs: args.jobs,
+        rate: args.rate,
+        job_duration: Duration::from_millis(args.job_duration_ms),
+        min_runners: args.min_runners,
+        max_runners: args.max_runners.unwrap_or(10),
+        timeout: Duration::from_secs(args.timeout_secs),
+    };
+    match e2e::node_world::demo_main(spec) {
+        Some(true) => ExitCode::SUCCESS,
+        Some(false) => ExitCode::FAILURE,
+        None => {
+            eprintln!("demo --real-node: this host cannot run a real node (see above)");
+            ExitCode::from(2)
         }
     }
 }
