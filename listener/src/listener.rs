@@ -154,8 +154,7 @@ pub struct MessageLoop<T> {
     policy: Policy,
     /// When the policy changes the target without a message (a window boundary, the end of a hold).
     wake_at: Option<tokio::time::Instant>,
-    /// The minimum and the decision of the last scaling step.
-    last_min: i64,
+    /// The decision of the last scaling step.
     last_decision: Option<crate::scaling::Decision>,
 }
 
@@ -198,7 +197,6 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             status: StatusHandle::new(),
             policy,
             wake_at: None,
-            last_min: 0,
             last_decision: None,
         })
     }
@@ -309,20 +307,19 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         }
     }
 
-    /// A scaling step without a message. When it lowers the target to the minimum, a second step follows at
-    /// once: nothing happened since the first, so it asks the set to converge and idle runners above the new
-    /// minimum leave now rather than at the next empty poll (busy runners stay: they count as assigned jobs).
+    /// A scaling step without a message. When it lowers the target, a second step follows at once: nothing
+    /// happened since the first, so it asks the set to converge, and idle runners above the new target leave now
+    /// rather than when the assigned jobs have drained (busy runners stay: the set never removes a runner with a
+    /// job, and it deregisters a runner before deleting it, which the service refuses for one just given a job).
     async fn wake_up(&mut self) -> Result<()> {
         self.wake_at = None;
         tracing::info!("scaling policy changed the target (window boundary or end of a hold)");
         let before = self.scaler.target();
         let desired = self.scale(self.latest.total_assigned_jobs).await?;
         self.record_desired(desired);
-        if desired < before
-            && desired == self.last_min
-            && self.last_decision.is_some_and(|d| d.patch_id != 0)
-        {
-            self.scale(self.latest.total_assigned_jobs).await?;
+        if desired < before && self.last_decision.is_some_and(|d| d.patch_id != 0) {
+            self.scale_step(self.latest.total_assigned_jobs, true)
+                .await?;
         }
         Ok(())
     }
@@ -542,18 +539,26 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
     /// ARC's scaling step: decide, then always patch, even when nothing changed. The policy supplies the
     /// minimum in effect and, while the scale-down delay holds a peak, the demand to scale for.
     async fn scale(&mut self, assigned_jobs: i64) -> Result<i64> {
+        self.scale_step(assigned_jobs, false).await
+    }
+
+    /// A scaling step; with `settle`, a quiet step whose target did not change asks the set to converge even
+    /// above the minimum ([`crate::scaling::Scaler::settle`]).
+    async fn scale_step(&mut self, assigned_jobs: i64, settle: bool) -> Result<i64> {
         let plan = self.policy.plan(
             assigned_jobs,
             jiff::Timestamp::now(),
             tokio::time::Instant::now(),
         );
         self.wake_at = plan.wake_at;
-        self.last_min = plan.min_runners;
-        let decision = self.scaler.decide(
-            plan.assigned_jobs,
-            plan.min_runners,
-            i64::from(self.scale_set.max_runners),
-        );
+        let max = i64::from(self.scale_set.max_runners);
+        let decision = if settle {
+            self.scaler
+                .settle(plan.assigned_jobs, plan.min_runners, max)
+        } else {
+            self.scaler
+                .decide(plan.assigned_jobs, plan.min_runners, max)
+        };
         self.last_decision = Some(decision);
         if let Some(m) = &self.metrics {
             m.record_policy(plan.min_runners, plan.held_runners);

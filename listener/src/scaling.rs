@@ -77,6 +77,20 @@ impl Scaler {
         }
     }
 
+    /// Not in ARC: like [`Scaler::decide`], but a step with no job event since the last one and an unchanged
+    /// target converges (patch ID 0) even above `min_runners`. The listener uses it right after a step in which its
+    /// scaling policy (a window closing, a scale-down delay ending) lowered the target, so idle runners above the
+    /// new target leave at once; ARC's rule would keep them until the assigned jobs drain.
+    pub fn settle(&mut self, assigned_jobs: i64, min_runners: i64, max_runners: i64) -> Decision {
+        let quiet = !self.dirty;
+        let previous = self.target;
+        let mut decision = self.decide(assigned_jobs, min_runners, max_runners);
+        if quiet && decision.target == previous {
+            decision.patch_id = 0;
+        }
+        decision
+    }
+
     /// The patch of a decision did not reach the API server. The next patch must not ask to converge on a state
     /// the EphemeralRunnerSet never saw, so the step counts as eventful.
     pub fn patch_failed(&mut self) {

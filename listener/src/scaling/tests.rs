@@ -267,3 +267,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn settle_converges_above_the_minimum_only_when_quiet_and_unchanged() {
+    let mut scaler = Scaler::default();
+    scaler.decide(3, 2, 10); // target 5
+    // The policy lowered the minimum: the first step only announces the new target.
+    let lowered = scaler.decide(3, 0, 10);
+    assert_eq!(lowered.target, 3);
+    assert_ne!(lowered.patch_id, 0);
+    // Settling right after: same target, nothing happened, so converge although 3 > min 0.
+    assert_eq!(
+        scaler.settle(3, 0, 10),
+        Decision {
+            target: 3,
+            patch_id: 0
+        }
+    );
+    // A job event in between: no converge.
+    scaler.decide(4, 0, 10);
+    scaler.mark_dirty();
+    assert_ne!(scaler.settle(4, 0, 10).patch_id, 0);
+    // A changed target: no converge either.
+    assert_ne!(scaler.settle(2, 0, 10).patch_id, 0);
+    // A failed patch counts as an event.
+    scaler.patch_failed();
+    assert_ne!(scaler.settle(2, 0, 10).patch_id, 0);
+}

@@ -11,9 +11,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use crds::AutoscalingRunnerSet;
 use e2e::checks;
 use e2e::simulator::SimulatorConfig;
 use e2e::world::{Observation, World, WorldConfig};
+use k8s_openapi::jiff::{SignedDuration, Timestamp, tz::TimeZone};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
 use serde::Serialize;
 use serde_json::json;
 
@@ -54,6 +58,19 @@ struct Args {
     /// Print a JSON summary as the last line.
     #[arg(long)]
     json: bool,
+    /// Not in ARC: add a scheduled minimum whose window opens this many seconds after the listener connects
+    /// (e.g. 20), so the warm pool appears before any job of the window needs it.
+    #[arg(long)]
+    window_opens_after_secs: Option<u64>,
+    /// How long that window stays open, in seconds.
+    #[arg(long, default_value_t = 30)]
+    window_secs: u64,
+    /// The window's `minRunners`.
+    #[arg(long, default_value_t = 3)]
+    window_min_runners: u32,
+    /// Not in ARC: the chart's `scaleDownDelaySeconds` (keep a burst's runners this long after demand falls).
+    #[arg(long)]
+    scale_down_delay_secs: Option<u64>,
 }
 
 /// What the demo reports at the end.
@@ -96,6 +113,9 @@ async fn run(args: &Args) -> e2e::Result<Summary> {
     if let Some(max) = args.max_runners {
         values["maxRunners"] = json!(max);
     }
+    if let Some(delay) = args.scale_down_delay_secs {
+        values["scaleDownDelaySeconds"] = json!(delay);
+    }
     println!(
         "starting the local control plane, the fake Actions Service, the manager and the listener executor..."
     );
@@ -129,6 +149,10 @@ async fn run(args: &Args) -> e2e::Result<Summary> {
         args.job_duration_ms
     );
     world.fake.state().reset_counters();
+    let window_closes = match args.window_opens_after_secs {
+        Some(after) => Some(add_window(&world, args, after).await?),
+        None => None,
+    };
 
     let feed_start = Instant::now();
     let mut fed = 0u32;
@@ -150,12 +174,26 @@ async fn run(args: &Args) -> e2e::Result<Summary> {
         if all_done && finished_at.is_none() {
             finished_at = Some(feed_start.elapsed());
         }
+        let min_now = match window_closes {
+            Some(_) => scheduled_min(&world).await,
+            None => None,
+        };
         let settled = all_done
+            && window_closes.is_none_or(|closes| Timestamp::now() > closes)
             && observation.desired_replicas == i64::from(args.min_runners)
             && observation.runner_pods_running == args.min_runners as usize
             && observation.runner_pods_pending == 0;
         if last_print.elapsed() >= Duration::from_secs(1) || settled {
-            let line = live_line(feed_start.elapsed(), &observation);
+            let mut line = live_line(feed_start.elapsed(), &observation);
+            if let Some((min, active)) = &min_now {
+                line.push_str(&format!(
+                    " | min {min}{}",
+                    active
+                        .as_deref()
+                        .map(|name| format!(" (window {name})"))
+                        .unwrap_or_default()
+                ));
+            }
             if line != last_line || last_print.elapsed() >= Duration::from_secs(5) {
                 println!("{line}");
                 last_line = line;
@@ -207,6 +245,49 @@ async fn run(args: &Args) -> e2e::Result<Summary> {
     };
     world.shutdown().await?;
     Ok(summary)
+}
+
+/// Adds a scheduled minimum to the installed set: a window named `demo-window` opening `after` seconds from now
+/// (UTC, to the second) and open for `--window-secs`. Returns when it closes.
+async fn add_window(world: &World, args: &Args, after: u64) -> e2e::Result<Timestamp> {
+    let time = |offset: u64| {
+        let at = Timestamp::now()
+            .checked_add(SignedDuration::from_secs(
+                offset.try_into().unwrap_or(i64::MAX),
+            ))
+            .unwrap_or(Timestamp::MAX);
+        let at = Timestamp::from_second(at.as_second()).unwrap_or(at);
+        let z = at.to_zoned(TimeZone::UTC);
+        (
+            format!("{:02}:{:02}:{:02}", z.hour(), z.minute(), z.second()),
+            at,
+        )
+    };
+    let (start, _) = time(after);
+    let (end, closes) = time(after + args.window_secs);
+    let sets: Api<AutoscalingRunnerSet> = Api::namespaced(world.client(), world.namespace());
+    sets.patch(
+        &world.release,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minRunnersSchedules": [{
+            "name": "demo-window", "minRunners": args.window_min_runners, "start": start, "end": end
+        }]}})),
+    )
+    .await?;
+    println!(
+        "scheduled minimum: window `demo-window` with minRunners {} from {start} to {end} UTC (opens in {after}s)",
+        args.window_min_runners
+    );
+    Ok(closes)
+}
+
+/// The set's `status.effectiveMinRunners` and `activeMinRunnersSchedule`.
+async fn scheduled_min(world: &World) -> Option<(i64, Option<String>)> {
+    let status = world.runner_set().await.ok()??.status?;
+    Some((
+        status.effective_min_runners?,
+        status.active_min_runners_schedule,
+    ))
 }
 
 fn live_line(elapsed: Duration, o: &Observation) -> String {
