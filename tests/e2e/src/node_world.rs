@@ -199,6 +199,9 @@ impl NodeWorld {
             "listenerTemplate": {"spec": {
                 "hostNetwork": true,
                 "nodeSelector": on_this_node,
+                // The listener ends within a second of SIGTERM; a hung one uses up the whole grace period before
+                // the kubelet's SIGKILL (60 s by default), which only the hung-listener test would wait out.
+                "terminationGracePeriodSeconds": 10,
                 "containers": [{
                     "name": "listener",
                     "imagePullPolicy": "Never",

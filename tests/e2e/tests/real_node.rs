@@ -818,10 +818,11 @@ async fn a_hung_listener_is_restarted_by_its_liveness_probe_and_scaling_resumes(
         .await
         .expect("stop the listener process");
     let hung_at = std::time::Instant::now();
-    // A poll in flight may still be counted; after that, nothing.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A long poll in flight when it stopped is still answered (and counted) within the fake's 10 s hold; after
+    // that, nothing. The kubelet cannot end a stopped process before its grace period (30 s) has passed.
+    tokio::time::sleep(Duration::from_secs(11)).await;
     let polls_then = polls();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(polls(), polls_then, "a hung listener does not poll");
     let listener_pods = world.listener_pods().await;
     assert!(

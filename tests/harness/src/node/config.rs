@@ -138,11 +138,14 @@ pub fn kubelet_config(l: &Layout<'_>) -> String {
         // The imported images cannot be pulled again: never collect them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
+        // The node shares a build host's disk, which other builds fill and empty by gigabytes: thresholds in
+        // percent (2% of a 250 GB disk is 5 GB) tainted the node with disk pressure mid-test. A test node needs
+        // little room; what it must not do is stop scheduling because of somebody else's build.
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "2%",
-            "imagefs.available": "2%",
-            "nodefs.inodesFree": "2%",
+            "nodefs.available": "256Mi",
+            "imagefs.available": "256Mi",
+            "nodefs.inodesFree": "1%",
         },
     })
     .to_string()
@@ -232,6 +235,7 @@ mod tests {
         assert_eq!(config["failCgroupV1"], false);
         assert_eq!(config["cgroupDriver"], "cgroupfs");
         assert_eq!(config["makeIPTablesUtilChains"], false);
+        assert_eq!(config["evictionHard"]["nodefs.available"], "256Mi");
         assert_eq!(config["cgroupRoot"], "/arc-rs-n1");
         assert_eq!(config["podLogsDir"], "/tmp/node-x/pod-logs");
         assert_eq!(config["authentication"]["anonymous"]["enabled"], false);
