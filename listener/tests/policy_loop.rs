@@ -201,3 +201,58 @@ async fn a_burst_is_kept_for_the_delay_then_the_set_converges_to_the_minimum() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_window_closing_with_a_job_assigned_converges_above_the_minimum() {
+    let fake = fake().await;
+    let id = create_scale_set(&fake, "linux").await;
+    let (start, opens) = utc_time_in(Duration::from_secs(2));
+    let (end, closes) = utc_time_in(Duration::from_secs(6));
+    let schedule = MinRunnersSchedule {
+        min_runners: 2,
+        start,
+        end,
+        ..MinRunnersSchedule::default()
+    };
+    let policy = Policy::new(vec![schedule.parse(0).unwrap()], 0, 10, Duration::ZERO);
+    let target = RecordingTarget::default();
+    let loop_ = MessageLoop::new(
+        scale_set(&fake, id, 0, 10),
+        settings(),
+        target.clone(),
+        None,
+        Health::new(Duration::from_secs(60)),
+    )
+    .unwrap()
+    .with_policy(policy);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(loop_.run(shutdown.clone()));
+    wait_until(opens).await;
+    assert!(eventually(Duration::from_millis(1500), || target.replicas() == 2).await);
+    // A job is assigned (and never started: no runner takes it here).
+    fake.state()
+        .enqueue_jobs(&EnqueueJobs {
+            scale_set_id: Some(id),
+            count: 1,
+            ..EnqueueJobs::default()
+        })
+        .unwrap();
+    assert!(eventually(Duration::from_secs(5), || target.replicas() == 3).await);
+    wait_until(closes).await;
+    assert!(
+        eventually(Duration::from_millis(1500), || {
+            target.set_patches().last() == Some(&json!({"spec": {"patchID": 0, "replicas": 1}}))
+        })
+        .await,
+        "the idle runners above minimum + assigned are released at once: {:?}",
+        target.set_patches()
+    );
+    let patches = target.set_patches();
+    assert_ne!(
+        patches[patches.len() - 2],
+        json!({"spec": {"patchID": 0, "replicas": 1}}),
+        "the lowered target is announced before the converge"
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
