@@ -5,6 +5,10 @@
 //! The credentials Secret is read directly (Secrets are not watched, as in ARC) when a client is needed, reusing a
 //! read for at most two seconds, so a rotated Secret takes effect within seconds without restarting anything
 //! (docs/reference/beyond-arc.md, item 14).
+//!
+//! With `vaultConfig` type `azure_key_vault`, the credentials are the JSON value of the vault secret named by
+//! `githubConfigSecret`, read through the `vault` crate (Entra ID certificate credentials, token cached); the
+//! value is reused for the same two seconds. Failures carry the vault crate's reason (`VaultSecretNotFound`, ...).
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -19,7 +23,7 @@ use actions_client::{
     SystemInfo, Timeouts, TlsRoots,
 };
 use crds::appconfig::{AppConfig, GitHubCredentials};
-use crds::common::{ProxyConfig, TlsConfig, VaultConfig};
+use crds::common::{ProxyConfig, TlsConfig, VAULT_TYPE_AZURE_KEY_VAULT, VaultConfig};
 use crds::{EphemeralRunner, EphemeralRunnerSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{Api, Client};
@@ -90,6 +94,15 @@ pub struct ActionsClients {
     /// One credentials read at a time: when the cached copy goes stale, every runner reconciling at that moment
     /// would otherwise read the same Secret at once (up to the runner concurrency, every two seconds).
     secret_reads: tokio::sync::Mutex<()>,
+    /// How Azure Key Vault is reached (authority host, deadline, extra roots).
+    vault_options: vault::Options,
+    /// Key Vault clients (each caching its Entra ID token) by vault settings, with the fingerprint of the proxy
+    /// they were built with.
+    vaults: Mutex<HashMap<vault::KeyVaultSettings, (u64, Arc<vault::KeyVaultClient>)>>,
+    /// Vault secrets read in the last [`CREDENTIALS_FRESHNESS`], by vault settings and secret name: the same
+    /// reuse as for Secrets, so a burst of runners does not hit the vault's throttling.
+    vault_values:
+        Mutex<HashMap<(vault::KeyVaultSettings, String), (std::time::Instant, GitHubCredentials)>>,
 }
 
 /// How long a credentials Secret read is reused. Every runner needs a client twice (registration and removal),
@@ -116,20 +129,25 @@ impl Materials {
                 private_key,
             } => ("app", app_id, installation_id, private_key).hash(&mut hasher),
         }
-        if let Some(proxy) = &self.proxy {
-            for server in [&proxy.http, &proxy.https].into_iter().flatten() {
-                server.url.hash(&mut hasher);
-                server.username.hash(&mut hasher);
-                server
-                    .password
-                    .as_ref()
-                    .map(SecretString::expose_secret)
-                    .hash(&mut hasher);
-            }
-            proxy.no_proxy.hash(&mut hasher);
-        }
+        hash_proxy(self.proxy.as_ref(), &mut hasher);
         self.ca.hash(&mut hasher);
         hasher.finish()
+    }
+}
+
+/// Feeds proxy settings (credentials included, to notice a rotation) into a fingerprint.
+fn hash_proxy(proxy: Option<&ProxySettings>, hasher: &mut DefaultHasher) {
+    if let Some(proxy) = proxy {
+        for server in [&proxy.http, &proxy.https].into_iter().flatten() {
+            server.url.hash(hasher);
+            server.username.hash(hasher);
+            server
+                .password
+                .as_ref()
+                .map(SecretString::expose_secret)
+                .hash(hasher);
+        }
+        proxy.no_proxy.hash(hasher);
     }
 }
 
@@ -144,7 +162,16 @@ impl ActionsClients {
             cache: Mutex::new(HashMap::new()),
             secrets: Mutex::new(HashMap::new()),
             secret_reads: tokio::sync::Mutex::new(()),
+            vault_options: vault::Options::default(),
+            vaults: Mutex::new(HashMap::new()),
+            vault_values: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Reach Azure Key Vault with `options` (the proxy is still each resource's `vaultConfig.proxy` when set).
+    pub fn with_vault_options(mut self, options: vault::Options) -> Self {
+        self.vault_options = options;
+        self
     }
 
     /// A client for `source`, reading its credentials, proxy credentials and CA now.
@@ -263,26 +290,17 @@ impl ActionsClients {
     }
 
     async fn read_materials(&self, source: &ClientSource<'_>) -> Result<Materials> {
-        if let Some(vault) = source.vault.filter(|vault| !vault.type_.is_empty()) {
-            return Err(Error::UnsupportedVault {
-                vault_type: vault.type_.clone(),
-            });
-        }
-        let secret = self
-            .credentials_secret(source.namespace, source.github_config_secret)
-            .await?
-            .ok_or_else(|| Error::CredentialsSecretMissing {
-                namespace: source.namespace.to_owned(),
-                name: source.github_config_secret.to_owned(),
-            })?;
-        let read_error = |source_error| Error::ReadCredentials {
-            namespace: source.namespace.to_owned(),
-            name: source.github_config_secret.to_owned(),
-            source: source_error,
+        let credentials = match source.vault.filter(|vault| !vault.type_.is_empty()) {
+            Some(vault) if vault.type_ == VAULT_TYPE_AZURE_KEY_VAULT => {
+                self.vault_credentials(source, vault).await?
+            }
+            Some(vault) => {
+                return Err(Error::UnsupportedVault {
+                    vault_type: vault.type_.clone(),
+                });
+            }
+            None => self.secret_credentials(source).await?,
         };
-        let credentials = AppConfig::from_secret_data(&secret.data.unwrap_or_default())
-            .and_then(|config| config.credentials())
-            .map_err(read_error)?;
         let proxy = match source.proxy {
             Some(proxy) => {
                 Some(crate::proxy::client_settings(&self.kube, source.namespace, proxy).await?)
@@ -298,6 +316,116 @@ impl ActionsClients {
             proxy,
             ca,
         })
+    }
+
+    /// The credentials in the Kubernetes Secret `githubConfigSecret`.
+    async fn secret_credentials(&self, source: &ClientSource<'_>) -> Result<GitHubCredentials> {
+        let secret = self
+            .credentials_secret(source.namespace, source.github_config_secret)
+            .await?
+            .ok_or_else(|| Error::CredentialsSecretMissing {
+                namespace: source.namespace.to_owned(),
+                name: source.github_config_secret.to_owned(),
+            })?;
+        let read_error = |source_error| Error::ReadCredentials {
+            namespace: source.namespace.to_owned(),
+            name: source.github_config_secret.to_owned(),
+            source: source_error,
+        };
+        AppConfig::from_secret_data(&secret.data.unwrap_or_default())
+            .and_then(|config| config.credentials())
+            .map_err(read_error)
+    }
+
+    /// The credentials in the Azure Key Vault secret `githubConfigSecret` (docs/reference/controllers.md,
+    /// "Credentials Secret"): read through a cached client (its token reused until shortly before expiry), and
+    /// reused for at most [`CREDENTIALS_FRESHNESS`] like a Secret, so a new version takes effect within seconds.
+    async fn vault_credentials(
+        &self,
+        source: &ClientSource<'_>,
+        vault_config: &VaultConfig,
+    ) -> Result<GitHubCredentials> {
+        let vault_error = |error| Error::ReadVaultCredentials {
+            namespace: source.namespace.to_owned(),
+            source: Box::new(error),
+        };
+        let azure = vault_config.azure_key_vault.as_ref().ok_or_else(|| {
+            vault_error(vault::Error::CheckSettings {
+                field: "vaultConfig.azureKeyVault",
+                reason: "missing; set url, tenantId, clientId and certificatePath".to_owned(),
+            })
+        })?;
+        let settings = vault::KeyVaultSettings::from(azure);
+        let key = (settings.clone(), source.github_config_secret.to_owned());
+        let fresh = || {
+            self.vault_values
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&key)
+                .filter(|(read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS)
+                .map(|(_, credentials)| credentials.clone())
+        };
+        if let Some(credentials) = fresh() {
+            return Ok(credentials);
+        }
+        let _reading = self.secret_reads.lock().await;
+        if let Some(credentials) = fresh() {
+            return Ok(credentials);
+        }
+        let proxy = match &vault_config.proxy {
+            Some(proxy) => {
+                Some(crate::proxy::client_settings(&self.kube, source.namespace, proxy).await?)
+            }
+            None => None,
+        };
+        let client = self.vault_client(settings, proxy).map_err(vault_error)?;
+        let result = client
+            .github_credentials(source.github_config_secret)
+            .await
+            .map_err(vault_error);
+        let mut values = self
+            .vault_values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        values.retain(|_, (read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS);
+        match &result {
+            Ok(credentials) => {
+                values.insert(key, (std::time::Instant::now(), credentials.clone()));
+            }
+            Err(_) => {
+                values.remove(&key);
+            }
+        }
+        result
+    }
+
+    /// The cached client for `settings`, rebuilt when its proxy settings change.
+    fn vault_client(
+        &self,
+        settings: vault::KeyVaultSettings,
+        proxy: Option<ProxySettings>,
+    ) -> std::result::Result<Arc<vault::KeyVaultClient>, vault::Error> {
+        let fingerprint = {
+            let mut hasher = DefaultHasher::new();
+            hash_proxy(proxy.as_ref(), &mut hasher);
+            hasher.finish()
+        };
+        let mut vaults = self
+            .vaults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((print, client)) = vaults.get(&settings)
+            && *print == fingerprint
+        {
+            return Ok(Arc::clone(client));
+        }
+        let mut options = self.vault_options.clone();
+        if let Some(proxy) = proxy {
+            options.proxy = actions_client::ProxyConfig::Explicit(proxy);
+        }
+        let client = Arc::new(vault::KeyVaultClient::new(settings.clone(), options)?);
+        vaults.insert(settings, (fingerprint, Arc::clone(&client)));
+        Ok(client)
     }
 }
 
@@ -567,6 +695,10 @@ pub fn is_runner_exists(error: &Error) -> bool {
 pub fn credentials_gone(error: &Error) -> bool {
     match error {
         Error::CredentialsSecretMissing { .. } => true,
+        // The vault secret is gone: as with a deleted Secret, nothing can talk to GitHub for this set.
+        Error::ReadVaultCredentials { source, .. } => {
+            matches!(**source, vault::Error::SecretNotFound { .. })
+        }
         Error::GetSecret { source, .. } => crate::error::is_status(source, 403),
         _ => false,
     }

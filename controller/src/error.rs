@@ -51,6 +51,16 @@ pub enum Error {
         source: crds::Error,
     },
 
+    /// GitHub credentials could not be read from Azure Key Vault (`vaultConfig` type `azure_key_vault`).
+    #[error("read GitHub credentials for namespace {namespace} from Azure Key Vault: {source}")]
+    ReadVaultCredentials {
+        /// Namespace of the resource whose `vaultConfig` was used.
+        namespace: String,
+        /// Cause; its reason names what to fix (boxed: large, and only on a failure path).
+        #[source]
+        source: Box<vault::Error>,
+    },
+
     /// A `vaultConfig` this manager cannot read.
     #[error(
         "vault type {vault_type:?} is not supported by this manager; store the credentials in a Secret"
@@ -354,6 +364,7 @@ impl Error {
             Self::CredentialsSecretMissing { .. } => "credentials_secret_missing",
             Self::ReadCredentials { .. } => "read_credentials",
             Self::UnsupportedVault { .. } => "unsupported_vault",
+            Self::ReadVaultCredentials { .. } => "read_vault_credentials",
             Self::ReadProxyCredentials { .. } => "read_proxy_credentials",
             Self::ReadTlsCertificate { .. } => "read_tls_certificate",
             Self::BuildActionsClient { .. } => "build_actions_client",
@@ -432,6 +443,8 @@ impl Error {
                     )
                 ) || source.kind().is_none()
             }
+            // Network trouble on the way to Entra ID or the vault passes; everything else needs a fix.
+            Self::ReadVaultCredentials { source, .. } => !source.is_transient(),
             Self::Several(errors) => errors.iter().all(Self::is_configuration_problem),
             _ => false,
         }

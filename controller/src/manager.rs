@@ -258,7 +258,8 @@ impl Manager {
                 self.options.actions_call_timeout,
                 self.options.build_version.clone(),
                 Arc::clone(&self.metrics),
-            ),
+            )
+            .with_vault_options(self.options.vault.clone()),
             stores: Stores {
                 runner_sets: set_store,
                 runners: runner_store,

@@ -56,6 +56,9 @@ pub struct Options {
     /// Least delay before retrying a failure that needs someone to fix the configuration (bad credentials, a
     /// missing Secret, an unknown runner group), so such failures never loop hot.
     pub configuration_error_backoff: Duration,
+    /// How Azure Key Vault is reached for sets with `vaultConfig` (authority host, deadline, extra roots); the
+    /// proxy is each set's `vaultConfig.proxy`, or the environment's.
+    pub vault: vault::Options,
 }
 
 /// Field manager of the AutoscalingRunnerSet controller's server-side applies (status).
@@ -150,6 +153,7 @@ impl Default for Options {
             autoscaling_listener_concurrency: 4,
             scale_set_check_interval: Duration::from_secs(120),
             configuration_error_backoff: Duration::from_secs(60),
+            vault: vault::Options::from_env(),
         }
     }
 }

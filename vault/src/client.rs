@@ -14,8 +14,8 @@ use url::Url;
 
 use crate::certificate::{ClientCertificate, new_jti};
 use crate::constants::{
-    CLIENT_ASSERTION_TYPE, DEFAULT_AUTHORITY_HOST, DEFAULT_CALL_TIMEOUT, KEY_VAULT_API_VERSION,
-    KEY_VAULT_SCOPE, TOKEN_REFRESH_MARGIN,
+    AUTHORITY_HOST_ENV, CLIENT_ASSERTION_TYPE, DEFAULT_AUTHORITY_HOST, DEFAULT_CALL_TIMEOUT,
+    KEY_VAULT_API_VERSION, KEY_VAULT_SCOPE, TOKEN_REFRESH_MARGIN,
 };
 use crate::error::{Error, Result, TokenRejection, rejection_hint};
 
@@ -67,6 +67,24 @@ impl Default for Options {
             proxy: ProxyConfig::Environment,
             extra_root_certificates: None,
         }
+    }
+}
+
+impl Options {
+    /// The defaults, with the authority host from `AZURE_AUTHORITY_HOST` when set (the variable Azure's SDKs
+    /// read for sovereign clouds and Azure Stack).
+    pub fn from_env() -> Self {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`Options::from_env`] through an environment getter (testable without touching the process
+    /// environment).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let mut options = Self::default();
+        if let Some(host) = lookup(AUTHORITY_HOST_ENV).filter(|h| !h.trim().is_empty()) {
+            options.authority_host = host.trim().to_owned();
+        }
+        options
     }
 }
 
@@ -246,8 +264,7 @@ impl KeyVaultClient {
                 name: name.to_owned(),
                 client_id: self.settings.client_id.clone(),
                 status: code,
-                code: error.code,
-                message: one_line(&error.message),
+                detail: format!("{} {}", error.code, one_line(&error.message)),
             }),
             _ => Err(fail(format!(
                 "status {status}: {} {}",

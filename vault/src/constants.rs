@@ -4,6 +4,8 @@ use std::time::Duration;
 
 /// Entra ID's public-cloud authority host (overridable for other clouds and for tests).
 pub const DEFAULT_AUTHORITY_HOST: &str = "https://login.microsoftonline.com/";
+/// Environment variable overriding the authority host (the one Azure's SDKs read).
+pub const AUTHORITY_HOST_ENV: &str = "AZURE_AUTHORITY_HOST";
 /// The OAuth scope of Azure Key Vault's data plane.
 pub const KEY_VAULT_SCOPE: &str = "https://vault.azure.net/.default";
 /// The Key Vault REST API version of the "get secret" call.

@@ -91,7 +91,7 @@ pub enum Error {
 
     /// The vault refused the bearer token.
     #[error(
-        "read secret {name} from Azure Key Vault {vault}: access denied ({status}, {code}); grant client {client_id} permission to get secrets: {message}"
+        "read secret {name} from Azure Key Vault {vault}: access denied ({status}); grant client {client_id} permission to get secrets: {detail}"
     )]
     SecretAccessDenied {
         /// The vault URL.
@@ -102,10 +102,8 @@ pub enum Error {
         client_id: String,
         /// HTTP status (401 or 403).
         status: u16,
-        /// Key Vault's error code.
-        code: String,
-        /// Key Vault's message.
-        message: String,
+        /// Key Vault's error code and message.
+        detail: String,
     },
 
     /// The secret's value is not a JSON app config.

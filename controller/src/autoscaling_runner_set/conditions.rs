@@ -69,6 +69,9 @@ pub fn scale_set_reason(error: &Error) -> &'static str {
         }
         Error::ReadCredentials { .. } => "CredentialsInvalid",
         Error::UnsupportedVault { .. } => "VaultUnsupported",
+        // Vault{CertificateUnreadable, CertificateInvalid, AuthenticationFailed, Unreachable, AccessDenied,
+        // SecretNotFound, SecretInvalid, ConfigInvalid}: one per thing the operator fixes.
+        Error::ReadVaultCredentials { source, .. } => source.reason(),
         Error::InvalidRunnerSetSpec { .. } => "SpecInvalid",
         Error::ReadProxyCredentials { .. } | Error::ProxyUrl { .. } => "ProxyInvalid",
         Error::ReadTlsCertificate { .. } => "TlsCertificateInvalid",

@@ -173,3 +173,15 @@ async fn secret_names_are_checked_before_any_call() {
         }
     }
 }
+
+#[test]
+fn the_authority_host_can_come_from_the_environment() {
+    let options = Options::from_lookup(|name| {
+        (name == "AZURE_AUTHORITY_HOST").then(|| "https://login.microsoftonline.us/".to_owned())
+    });
+    assert_eq!(options.authority_host, "https://login.microsoftonline.us/");
+    assert_eq!(
+        Options::from_lookup(|_| Some("  ".to_owned())).authority_host,
+        crate::constants::DEFAULT_AUTHORITY_HOST
+    );
+}
