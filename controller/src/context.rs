@@ -284,10 +284,20 @@ impl Expectations {
 pub struct RunnerMemory {
     disruptions: Mutex<HashMap<String, (u32, Instant)>>,
     checked: Mutex<HashMap<String, Instant>>,
+    /// The runner as this manager's last status write left it, by uid, until the watch brings any event for it
+    /// (see [`RunnerMemory::wrote`]).
+    written: Mutex<HashMap<String, Written>>,
     /// What was done for a runner that cannot need doing again, by runner uid. Kept past the runner's deletion
     /// event (a pass that began just before it may still run once more on the cached copy), for the last
     /// [`ENDINGS_KEPT`] runners: forgetting one only repeats a call whose answer is "already done".
     endings: Mutex<Endings>,
+}
+
+/// A runner's watch events counted, and the copy its last status write returned while no event came since.
+#[derive(Debug, Default)]
+struct Written {
+    events: u64,
+    copy: Option<Arc<EphemeralRunner>>,
 }
 
 /// What was done for a runner that cannot need doing again.
@@ -392,10 +402,49 @@ impl RunnerMemory {
             .is_some_and(|ending| ending.finalized)
     }
 
+    /// The watch brought an event for runner `uid` (the store holds it now): a copy kept from a status write is
+    /// no longer known to be newer than the cache.
+    pub fn seen(&self, uid: &str) {
+        let mut written = lock(&self.written);
+        let entry = written.entry(uid.to_owned()).or_default();
+        entry.events = entry.events.wrapping_add(1);
+        entry.copy = None;
+    }
+
+    /// How many watch events runner `uid` has had; read before a status write, for [`RunnerMemory::wrote`].
+    pub fn events(&self, uid: &str) -> u64 {
+        lock(&self.written).get(uid).map_or(0, |entry| entry.events)
+    }
+
+    /// Keeps `copy`, what a status write of runner `uid` returned, if no watch event came for it since the write
+    /// was sent (`events_before`). Then the cache is older than `copy` for a fact: watch events come in order,
+    /// and not even this write's own has come. The next event, whatever it is, drops it. Without it, a pass
+    /// started by the runner's pod (its own events) on the cached copy wrote the same status again: about one
+    /// write in every four of a runner's status writes.
+    pub fn wrote(&self, uid: &str, events_before: u64, copy: EphemeralRunner) {
+        // The name may belong to a new runner by now.
+        if copy.uid().as_deref() != Some(uid) {
+            return;
+        }
+        let mut written = lock(&self.written);
+        let entry = written.entry(uid.to_owned()).or_default();
+        if entry.events == events_before {
+            entry.copy = Some(Arc::new(copy));
+        }
+    }
+
+    /// The copy of runner `uid` its last status write returned, while it is newer than the cache's.
+    pub fn fresher(&self, uid: &str) -> Option<Arc<EphemeralRunner>> {
+        lock(&self.written)
+            .get(uid)
+            .and_then(|entry| entry.copy.clone())
+    }
+
     /// Forgets runner `uid` (deleted), but for its endings (see [`RunnerMemory::deregistered`]).
     pub fn forget(&self, uid: &str) {
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
+        lock(&self.written).remove(uid);
     }
 }
 
@@ -482,6 +531,43 @@ mod tests {
         }
         assert!(!memory.was_deregistered("u", 7));
         assert!(memory.was_deregistered("r1", 1));
+    }
+
+    #[test]
+    fn a_written_copy_serves_only_until_the_watch_brings_an_event() {
+        let memory = RunnerMemory::default();
+        let runner = |uid: &str| {
+            let mut runner = EphemeralRunner::new(
+                "r",
+                serde_json::from_value(serde_json::json!({
+                    "githubConfigUrl": "u", "githubConfigSecret": "s", "runnerScaleSetId": 1,
+                    "metadata": {}, "spec": { "containers": [] },
+                }))
+                .unwrap(),
+            );
+            runner.metadata.uid = Some(uid.to_owned());
+            runner
+        };
+        let copy = || runner("u");
+        // A copy of another runner of the same name is not this one's.
+        memory.wrote("u", 0, runner("w"));
+        assert!(memory.fresher("u").is_none());
+        let before = memory.events("u");
+        memory.wrote("u", before, copy());
+        assert!(memory.fresher("u").is_some());
+        assert!(memory.fresher("v").is_none());
+        // Any event: the cache may hold the write now, or something newer.
+        memory.seen("u");
+        assert!(memory.fresher("u").is_none());
+        // An event while the write was in flight: which is newer is not known, so the cache serves.
+        let before = memory.events("u");
+        memory.seen("u");
+        memory.wrote("u", before, copy());
+        assert!(memory.fresher("u").is_none());
+        let before = memory.events("u");
+        memory.wrote("u", before, copy());
+        memory.forget("u");
+        assert!(memory.fresher("u").is_none() && memory.events("u") == 0);
     }
 
     #[test]

@@ -175,6 +175,10 @@ impl Manager {
         let runner_memory = Arc::new(RunnerMemory::default());
         let (deleted_expectations, deleted_memory) =
             (Arc::clone(&expectations), Arc::clone(&runner_memory));
+        let applied_memory = Arc::clone(&runner_memory);
+        runner_fanout.observe(move |runner: &EphemeralRunner| {
+            applied_memory.seen(&runner.uid().unwrap_or_default());
+        });
         let (pod_deleted_tx, pod_deleted_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunner>>();
 
         let watches = [
@@ -368,12 +372,18 @@ struct ScaleSetParts {
 /// a slow controller from doing that (its items are consumed as fast as triggers are scheduled).
 struct Fanout<K> {
     subscribers: Vec<mpsc::UnboundedSender<Arc<K>>>,
+    /// Told of every applied object first, once the store holds it.
+    observer: Option<Observer<K>>,
 }
+
+/// A callback told of every applied object.
+type Observer<K> = Box<dyn Fn(&K) + Send + Sync>;
 
 impl<K> Default for Fanout<K> {
     fn default() -> Self {
         Self {
             subscribers: Vec::new(),
+            observer: None,
         }
     }
 }
@@ -386,7 +396,15 @@ impl<K> Fanout<K> {
         rx
     }
 
+    /// Calls `observer` with every applied object, after the store has it and before any subscriber.
+    fn observe(&mut self, observer: impl Fn(&K) + Send + Sync + 'static) {
+        self.observer = Some(Box::new(observer));
+    }
+
     fn send(&self, obj: K) {
+        if let Some(observer) = &self.observer {
+            observer(&obj);
+        }
         if self.subscribers.is_empty() {
             return;
         }

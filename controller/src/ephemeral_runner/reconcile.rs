@@ -112,6 +112,11 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
 /// Reconciles one EphemeralRunner.
 #[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
 pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
+    // This manager's own last status write, while the cache has not caught up with it.
+    let runner = ctx
+        .runner_memory
+        .fresher(&runner.uid().unwrap_or_default())
+        .unwrap_or(runner);
     let step = Step::new(&runner, &ctx, ctx.client.clone())?;
     let mut pod = ctx
         .stores
@@ -436,6 +441,7 @@ impl<'a> Step<'a> {
             field_manager: Some(ER_FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
+        let events_before = self.ctx.runner_memory.events(&self.uid);
         self.api
             .patch_status(
                 &self.name,
@@ -443,7 +449,13 @@ impl<'a> Step<'a> {
                 &Patch::Merge(json!({ "status": patch })),
             )
             .await
-            .map(drop)
+            .map(|mut written| {
+                // Cached the way the watch caches it.
+                written.managed_fields_mut().clear();
+                self.ctx
+                    .runner_memory
+                    .wrote(&self.uid, events_before, written);
+            })
             .map_err(|source| Error::PatchObject {
                 kind: KIND,
                 what: "status",
