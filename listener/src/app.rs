@@ -4,11 +4,15 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use actions_client::{ClientOptions, ProxyConfig, SystemInfo, TlsRoots};
+use actions_client::{
+    ClientOptions, Credentials, GitHubAppCredentials, ProxyConfig, ProxyServer, ProxySettings,
+    SecretString, SystemInfo, TlsRoots,
+};
+use crds::appconfig::GitHubCredentials;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{AZURE_KEY_VAULT, AzureProxy, Config, ConfigProblem};
 use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::listener::{MessageLoop, ScaleSet, Settings};
@@ -36,7 +40,7 @@ impl Listener {
     /// session exists. `config` must have passed [`Config::validate`].
     pub async fn start(config: &Config, kube: kube::Client, settings: Settings) -> Result<Self> {
         let github = config.github_config()?;
-        let credentials = config.credentials()?;
+        let credentials = resolve_credentials(config, vault::Options::from_env()).await?;
         let max_runners = u32::try_from(config.max_runners).map_err(|_| {
             Error::ValidateConfig(crate::config::ConfigProblem::MaxRunnersOutOfRange(
                 config.max_runners,
@@ -252,6 +256,62 @@ fn random_uuid() -> String {
     )
 }
 
+/// The GitHub credentials: the config file's, or with `vault_type` `azure_key_vault` the JSON value of the vault
+/// secret `vault_lookup_key`, validated as the manager validates it (the same `vault` crate). `options` says how
+/// Entra ID and the vault are reached; the config's `azure_key_vault.proxy`, when set, replaces its proxy.
+pub async fn resolve_credentials(config: &Config, options: vault::Options) -> Result<Credentials> {
+    if config.vault_type != AZURE_KEY_VAULT {
+        return config.credentials();
+    }
+    let azure = config
+        .azure_key_vault
+        .as_ref()
+        .ok_or(Error::ValidateConfig(ConfigProblem::MissingAzureKeyVault))?;
+    let mut options = options;
+    if let Some(proxy) = &azure.proxy {
+        options.proxy = ProxyConfig::Explicit(vault_proxy(proxy));
+    }
+    let settings = vault::KeyVaultSettings {
+        url: azure.url.clone(),
+        tenant_id: azure.tenant_id.clone(),
+        client_id: azure.client_id.clone(),
+        certificate_path: azure.certificate_path.clone().into(),
+    };
+    let vault_error = |error| Error::ReadVaultCredentials(Box::new(error));
+    let client = vault::KeyVaultClient::new(settings, options).map_err(vault_error)?;
+    let credentials = client
+        .github_credentials(&config.vault_lookup_key)
+        .await
+        .map_err(vault_error)?;
+    Ok(match credentials {
+        GitHubCredentials::Token(token) => Credentials::Pat(SecretString::new(token)),
+        GitHubCredentials::App {
+            app_id,
+            installation_id,
+            private_key,
+        } => Credentials::App(GitHubAppCredentials {
+            client_id: app_id,
+            installation_id,
+            private_key: SecretString::new(private_key),
+        }),
+    })
+}
+
+/// The vault proxy of the listener config (Go's `httpproxy.Config` field names) as proxy settings.
+fn vault_proxy(proxy: &AzureProxy) -> ProxySettings {
+    let server = |url: &str| (!url.trim().is_empty()).then(|| ProxyServer::new(url.trim()));
+    ProxySettings {
+        http: server(&proxy.http_proxy),
+        https: server(&proxy.https_proxy),
+        no_proxy: proxy
+            .no_proxy
+            .split(',')
+            .map(|entry| entry.trim().to_ascii_lowercase())
+            .filter(|entry| !entry.is_empty())
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,5 +333,21 @@ mod tests {
     #[test]
     fn owner_name_is_never_empty() {
         assert!(!owner_name().is_empty());
+    }
+
+    #[test]
+    fn the_vault_proxy_of_the_config_becomes_proxy_settings() {
+        let settings = super::vault_proxy(&crate::config::AzureProxy {
+            http_proxy: String::new(),
+            https_proxy: " http://proxy:3128 ".to_owned(),
+            no_proxy: "Example.com, .internal,,".to_owned(),
+            cgi: false,
+        });
+        assert!(settings.http.is_none());
+        assert_eq!(
+            settings.https.map(|server| server.url),
+            Some("http://proxy:3128".to_owned())
+        );
+        assert_eq!(settings.no_proxy, ["example.com", ".internal"]);
     }
 }

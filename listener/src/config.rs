@@ -195,8 +195,6 @@ pub enum ConfigProblem {
     MissingAzureKeyVault,
     /// An `azure_key_vault` field is empty or invalid.
     InvalidAzureKeyVault(String),
-    /// Azure Key Vault is configured correctly, but this listener cannot read from it.
-    AzureKeyVaultUnsupported,
     /// `configure_url` is empty.
     MissingConfigureUrl,
     /// `ephemeral_runner_set_namespace` is empty.
@@ -263,11 +261,6 @@ impl fmt::Display for ConfigProblem {
                 "azure_key_vault is required when vault_type is \"{AZURE_KEY_VAULT}\""
             ),
             Self::InvalidAzureKeyVault(problem) => write!(f, "azure_key_vault: {problem}"),
-            Self::AzureKeyVaultUnsupported => write!(
-                f,
-                "vault_type \"{AZURE_KEY_VAULT}\" is not supported by this listener yet; put the credentials in the \
-                 GitHub config Secret instead"
-            ),
             Self::MissingConfigureUrl => f.write_str("configure_url is required"),
             Self::MissingRunnerSetNamespace => {
                 f.write_str("ephemeral_runner_set_namespace is required")
@@ -527,8 +520,8 @@ impl Config {
         {
             return problem("proxy is set but all of its fields are empty".to_owned());
         }
-        // Everything ARC checks before fetching the secret is fine, but fetching it is not implemented.
-        Err(invalid(ConfigProblem::AzureKeyVaultUnsupported))
+        // The secret itself is read at start-up (crate::app::resolve_credentials).
+        Ok(())
     }
 
     /// The credential kind in effect (ARC's rules: a PAT next to a partial App triple is a PAT).

@@ -133,6 +133,9 @@ pub enum Error {
     /// The Actions client could not be built (credentials, proxy or root CA unusable).
     #[error("building the GitHub Actions client failed")]
     BuildActionsClient(#[source] actions_client::Error),
+    /// The GitHub credentials could not be read from Azure Key Vault (boxed: large, and only at start-up).
+    #[error("reading the GitHub credentials from Azure Key Vault failed ({})", .0.reason())]
+    ReadVaultCredentials(#[source] Box<vault::Error>),
     /// Neither an in-cluster configuration nor a kubeconfig was found.
     #[error("loading the Kubernetes client configuration failed")]
     InferKubeConfig(#[source] kube::config::InferConfigError),
@@ -220,6 +223,7 @@ impl Error {
             | Self::ValidateConfig(_)
             | Self::InitLogging(_)
             | Self::BuildActionsClient(_)
+            | Self::ReadVaultCredentials(_)
             | Self::InferKubeConfig(_)
             | Self::BuildKubeClient(_)
             | Self::BindServer { .. }
@@ -278,6 +282,7 @@ impl Error {
             | Self::ValidateConfig(_) => "load_config",
             Self::InitLogging(_) => "init_logging",
             Self::BuildActionsClient(_) => "build_actions_client",
+            Self::ReadVaultCredentials(_) => "read_vault_credentials",
             Self::InferKubeConfig(_) | Self::BuildKubeClient(_) => "build_kube_client",
             Self::BindServer { .. } | Self::Serve { .. } => "serve_http",
             Self::CreateSession(_) | Self::InvalidSession(_) => "create_session",

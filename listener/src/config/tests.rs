@@ -359,7 +359,7 @@ fn checks_run_in_the_reference_order() {
 }
 
 #[test]
-fn azure_key_vault_settings_are_checked_then_reported_unsupported() {
+fn azure_key_vault_settings_are_checked_and_replace_inline_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let cert = dir.path().join("cert.pem");
     std::fs::write(&cert, "pem").unwrap();
@@ -418,20 +418,20 @@ fn azure_key_vault_settings_are_checked_then_reported_unsupported() {
         problem(&vault(json!({"proxy": {}}))),
         azure("proxy is set but all of its fields are empty")
     );
-    assert_eq!(
-        problem(&vault(
-            json!({"proxy": {"HTTPSProxy": "http://proxy:3128"}})
-        )),
-        ConfigProblem::AzureKeyVaultUnsupported
-    );
-    assert_eq!(
-        problem(&vault(json!({}))),
-        ConfigProblem::AzureKeyVaultUnsupported
-    );
-    // A vault type without a lookup key: the vault object is checked first, as in ARC.
+    // Valid settings pass without inline credentials: the secret is read from the vault at start-up.
+    let config = check(&vault(
+        json!({"proxy": {"HTTPSProxy": "http://proxy:3128"}}),
+    ))
+    .expect("valid vault settings");
+    assert_eq!(config.vault_lookup_key, "creds");
+    assert!(check(&vault(json!({}))).is_ok());
+    // A vault type without a lookup key: the vault object is checked first, as in ARC, then the key.
     let mut no_key = vault(json!({}));
     no_key["vault_lookup_key"] = json!("");
-    assert_eq!(problem(&no_key), ConfigProblem::AzureKeyVaultUnsupported);
+    assert_eq!(problem(&no_key), ConfigProblem::MissingVaultLookupKey);
+    let mut no_key_bad_vault = vault(json!({"tenant_id": ""}));
+    no_key_bad_vault["vault_lookup_key"] = json!("");
+    assert_eq!(problem(&no_key_bad_vault), azure("tenant_id is required"));
 }
 
 #[test]
