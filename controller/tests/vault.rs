@@ -5,7 +5,9 @@
 
 mod ars_support;
 
+use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ars_support::{CREDENTIALS, Env};
@@ -25,6 +27,8 @@ const TOKEN: &str = "ghp_vaultonlytoken0123456789";
 struct Azure {
     dir: tempfile::TempDir,
     certificate_path: PathBuf,
+    /// The client certificate's private key, PEM (must appear in no log line).
+    key_pem: String,
     fake: FakeAzure,
 }
 
@@ -52,6 +56,7 @@ async fn azure() -> Azure {
     Azure {
         dir,
         certificate_path,
+        key_pem: key.serialize_pem(),
         fake,
     }
 }
@@ -126,8 +131,80 @@ async fn assert_reported(env: &Env, set: &str, reason: &str, message: &str) {
     );
 }
 
+/// Every formatted log line of this test binary at trace level (all crates), captured from the first call on.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn capture() -> Captured {
+    static CAPTURED: OnceLock<Captured> = OnceLock::new();
+    CAPTURED
+        .get_or_init(|| {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .try_init()
+                .expect("the only subscriber of this test binary");
+            captured
+        })
+        .clone()
+}
+
+/// No captured log line holds the vault secret's token, an Entra ID access token (the fake issues them with the
+/// prefix `fake-token-`), the client certificate's private key or a client assertion.
+fn assert_no_vault_secret_in_logs(captured: &Captured, azure: &Azure) {
+    let text = String::from_utf8_lossy(
+        &captured
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+    .into_owned();
+    assert!(text.contains(" TRACE "), "trace-level lines are captured");
+    assert!(
+        text.contains(&azure.fake.addr().to_string()),
+        "the logs hold this test's calls to the fake vault"
+    );
+    let key_line = azure
+        .key_pem
+        .lines()
+        .nth(3)
+        .expect("a line of key material")
+        .to_owned();
+    let mut secrets = vec![
+        ("vault secret token", TOKEN.to_owned()),
+        ("Entra ID access token", "fake-token-".to_owned()),
+        ("client certificate key", key_line),
+    ];
+    for request in azure.fake.token_requests() {
+        let signature = request.assertion.rsplit('.').next().unwrap_or_default();
+        assert!(signature.len() > 100, "a signed assertion was recorded");
+        secrets.push(("client assertion", signature[..60].to_owned()));
+    }
+    for (what, secret) in secrets {
+        let leak = text.lines().find(|line| line.contains(&secret));
+        assert!(leak.is_none(), "the {what} appears in a log line: {leak:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_set_whose_credentials_live_only_in_the_vault_gets_its_scale_set() {
+    let captured = capture();
     let env = Env::new("vault-ok").await;
     let azure = azure().await;
     // No Kubernetes Secret holds credentials.
@@ -189,10 +266,16 @@ async fn a_set_whose_credentials_live_only_in_the_vault_gets_its_scale_set() {
     })
     .await;
     manager.stop().await;
+    assert!(
+        !azure.fake.token_requests().is_empty(),
+        "the scan below covers real assertions"
+    );
+    assert_no_vault_secret_in_logs(&captured, &azure);
 }
 
 #[tokio::test]
 async fn each_vault_failure_has_its_own_condition_and_event() {
+    let captured = capture();
     let env = Env::new("vault-bad").await;
     let azure = azure().await;
     azure.fake.set_secret("not-json", TOKEN);
@@ -285,4 +368,5 @@ async fn each_vault_failure_has_its_own_condition_and_event() {
         assert!(env.scale_sets_named(name).is_empty(), "{name}");
     }
     manager.stop().await;
+    assert_no_vault_secret_in_logs(&captured, &azure);
 }

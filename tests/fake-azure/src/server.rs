@@ -165,6 +165,7 @@ async fn token(
     let mut record = TokenRequest {
         tenant_id: tenant.clone(),
         client_id: client_id.clone(),
+        assertion: field("client_assertion"),
         header: None,
         claims: None,
         outcome: Err(String::new()),

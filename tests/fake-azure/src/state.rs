@@ -21,6 +21,8 @@ pub struct TokenRequest {
     pub tenant_id: String,
     /// `client_id` form field.
     pub client_id: String,
+    /// The raw client assertion (for log scans: it must appear nowhere).
+    pub assertion: String,
     /// The assertion's decoded header and claims, when it decoded.
     pub header: Option<serde_json::Value>,
     /// See `header`.
