@@ -1067,3 +1067,49 @@ async fn a_stopped_node_loses_the_busy_job_once_and_after_force_deletion_and_ret
     world.uninstall_leaves_nothing().await;
     world.finish().await;
 }
+
+/// A runner pod no node can take (it asks for 64 CPUs): the real scheduler leaves it `Pending` with
+/// `PodScheduled=False`, reason `Unschedulable`, and the set must say so: `RunnersCanStart=False`
+/// (`PodUnschedulable`, quoting the scheduler). The runner is registered once and never comes online.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_pod_no_node_fits_makes_the_set_say_runners_cannot_start() {
+    let Some(parts) = node_tier("e2e: runner pod no node fits") else {
+        return;
+    };
+    let _turn = TURN.lock().await;
+    let world = NodeWorld::start(
+        "node-nofit",
+        &parts,
+        1,
+        1,
+        json!({"resources": {"requests": {"cpu": "64"}}}),
+    )
+    .await;
+    world.wait_listening().await;
+    let pod = world
+        .eventually("the runner pod Unschedulable", || async {
+            world.runner_pods().await.into_iter().find(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter().any(|c| {
+                            c.type_ == "PodScheduled"
+                                && c.status == "False"
+                                && c.reason.as_deref() == Some("Unschedulable")
+                        })
+                    })
+            })
+        })
+        .await;
+    eprintln!("the scheduler: pod {} Unschedulable", pod.name_any());
+    let message = world
+        .wait_set_condition("RunnersCanStart", "False", "PodUnschedulable")
+        .await;
+    eprintln!("RunnersCanStart=False: {message}");
+    assert!(message.contains("Insufficient cpu"), "{message}");
+    let registered = world.registered_runner_ids();
+    assert_eq!(registered.len(), 1, "{registered:?}");
+    world.uninstall_leaves_nothing().await;
+    world.finish().await;
+}
