@@ -102,7 +102,7 @@ pub struct ActionsClients {
     /// Vault secrets read in the last [`CREDENTIALS_FRESHNESS`], by vault settings and secret name: the same
     /// reuse as for Secrets, so a burst of runners does not hit the vault's throttling.
     vault_values:
-        Mutex<HashMap<(vault::KeyVaultSettings, String), (std::time::Instant, GitHubCredentials)>>,
+        Mutex<HashMap<(vault::KeyVaultSettings, String), (std::time::Instant, SecretString)>>,
 }
 
 /// How long a credentials Secret read is reused. Every runner needs a client twice (registration and removal),
@@ -132,6 +132,14 @@ impl Materials {
         hash_proxy(self.proxy.as_ref(), &mut hasher);
         self.ca.hash(&mut hasher);
         hasher.finish()
+    }
+}
+
+/// A vault failure of the resource `source`.
+fn vault_error(source: &ClientSource<'_>, error: vault::Error) -> Error {
+    Error::ReadVaultCredentials {
+        namespace: source.namespace.to_owned(),
+        source: Box::new(error),
     }
 }
 
@@ -301,11 +309,18 @@ impl ActionsClients {
             }
             None => self.secret_credentials(source).await?,
         };
-        let proxy = match source.proxy {
-            Some(proxy) => {
+        let azure_vault = source
+            .vault
+            .filter(|vault| vault.type_ == VAULT_TYPE_AZURE_KEY_VAULT);
+        let proxy = match (source.proxy, azure_vault) {
+            // With a vault, `credentialSecretRef` names a vault secret, as in ARC.
+            (Some(proxy), Some(vault)) => {
+                Some(self.vault_proxy_settings(source, vault, proxy).await?)
+            }
+            (Some(proxy), None) => {
                 Some(crate::proxy::client_settings(&self.kube, source.namespace, proxy).await?)
             }
-            None => None,
+            (None, _) => None,
         };
         let ca = match source.tls {
             Some(tls) => Some(read_ca(&self.kube, source.namespace, tls).await?),
@@ -338,39 +353,84 @@ impl ActionsClients {
     }
 
     /// The credentials in the Azure Key Vault secret `githubConfigSecret` (docs/reference/controllers.md,
-    /// "Credentials Secret"): read through a cached client (its token reused until shortly before expiry), and
-    /// reused for at most [`CREDENTIALS_FRESHNESS`] like a Secret, so a new version takes effect within seconds.
+    /// "Azure Key Vault"), validated like a Secret's.
     async fn vault_credentials(
         &self,
         source: &ClientSource<'_>,
         vault_config: &VaultConfig,
     ) -> Result<GitHubCredentials> {
-        let vault_error = |error| Error::ReadVaultCredentials {
-            namespace: source.namespace.to_owned(),
-            source: Box::new(error),
+        let name = source.github_config_secret;
+        let value = self.vault_secret(source, vault_config, name).await?;
+        vault::parse_app_config(name, &value).map_err(|error| vault_error(source, error))
+    }
+
+    /// The Actions client's proxy settings when a vault is configured: each `credentialSecretRef` is a vault
+    /// secret holding JSON `{"username", "password"}`.
+    async fn vault_proxy_settings(
+        &self,
+        source: &ClientSource<'_>,
+        vault_config: &VaultConfig,
+        proxy: &ProxyConfig,
+    ) -> Result<ProxySettings> {
+        let mut settings = ProxySettings {
+            no_proxy: proxy.no_proxy.clone(),
+            ..ProxySettings::default()
         };
+        for (config, slot) in [
+            (&proxy.http, &mut settings.http),
+            (&proxy.https, &mut settings.https),
+        ] {
+            let Some(config) = config.as_ref().filter(|config| !config.url.is_empty()) else {
+                continue;
+            };
+            let server = actions_client::ProxyServer::new(config.url.clone());
+            *slot = Some(if config.credential_secret_ref.is_empty() {
+                server
+            } else {
+                let name = &config.credential_secret_ref;
+                let value = self.vault_secret(source, vault_config, name).await?;
+                let (username, password) = vault::parse_proxy_credentials(name, &value)
+                    .map_err(|error| vault_error(source, error))?;
+                server.with_credentials(username, password)
+            });
+        }
+        Ok(settings)
+    }
+
+    /// The value of the vault secret `name`, read through a cached client (its Entra ID token reused until
+    /// shortly before expiry) and reused for at most [`CREDENTIALS_FRESHNESS`] like a Secret, so a new version
+    /// takes effect within seconds and a burst of runners does not hit the vault's throttling.
+    async fn vault_secret(
+        &self,
+        source: &ClientSource<'_>,
+        vault_config: &VaultConfig,
+        name: &str,
+    ) -> Result<SecretString> {
         let azure = vault_config.azure_key_vault.as_ref().ok_or_else(|| {
-            vault_error(vault::Error::CheckSettings {
-                field: "vaultConfig.azureKeyVault",
-                reason: "missing; set url, tenantId, clientId and certificatePath".to_owned(),
-            })
+            vault_error(
+                source,
+                vault::Error::CheckSettings {
+                    field: "vaultConfig.azureKeyVault",
+                    reason: "missing; set url, tenantId, clientId and certificatePath".to_owned(),
+                },
+            )
         })?;
         let settings = vault::KeyVaultSettings::from(azure);
-        let key = (settings.clone(), source.github_config_secret.to_owned());
+        let key = (settings.clone(), name.to_owned());
         let fresh = || {
             self.vault_values
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .get(&key)
                 .filter(|(read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS)
-                .map(|(_, credentials)| credentials.clone())
+                .map(|(_, value)| value.clone())
         };
-        if let Some(credentials) = fresh() {
-            return Ok(credentials);
+        if let Some(value) = fresh() {
+            return Ok(value);
         }
         let _reading = self.secret_reads.lock().await;
-        if let Some(credentials) = fresh() {
-            return Ok(credentials);
+        if let Some(value) = fresh() {
+            return Ok(value);
         }
         let proxy = match &vault_config.proxy {
             Some(proxy) => {
@@ -378,19 +438,21 @@ impl ActionsClients {
             }
             None => None,
         };
-        let client = self.vault_client(settings, proxy).map_err(vault_error)?;
+        let client = self
+            .vault_client(settings, proxy)
+            .map_err(|error| vault_error(source, error))?;
         let result = client
-            .github_credentials(source.github_config_secret)
+            .secret(name)
             .await
-            .map_err(vault_error);
+            .map_err(|error| vault_error(source, error));
         let mut values = self
             .vault_values
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         values.retain(|_, (read_at, _)| read_at.elapsed() < CREDENTIALS_FRESHNESS);
         match &result {
-            Ok(credentials) => {
-                values.insert(key, (std::time::Instant::now(), credentials.clone()));
+            Ok(value) => {
+                values.insert(key, (std::time::Instant::now(), value.clone()));
             }
             Err(_) => {
                 values.remove(&key);

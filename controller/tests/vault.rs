@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ars_support::{CREDENTIALS, Env};
-use crds::common::{AzureKeyVaultConfig, VaultConfig};
+use crds::common::{AzureKeyVaultConfig, ProxyConfig, ProxyServerConfig, VaultConfig};
 use fake_azure::{FakeAzure, Registration};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -86,6 +86,18 @@ impl Azure {
         };
         options
     }
+}
+
+/// An https proxy whose credentials are the vault secret `credentials` (the fake Actions Service is plain http on
+/// loopback, so the proxy itself is never used; its credentials are still resolved).
+fn proxy_with_vault_credentials(credentials: &str) -> Option<ProxyConfig> {
+    Some(ProxyConfig {
+        https: Some(ProxyServerConfig {
+            url: "http://proxy.example:3128".to_owned(),
+            credential_secret_ref: credentials.to_owned(),
+        }),
+        ..ProxyConfig::default()
+    })
 }
 
 fn vault_spec(
@@ -189,6 +201,10 @@ fn assert_no_vault_secret_in_logs(captured: &Captured, azure: &Azure) {
     let mut secrets = vec![
         ("vault secret token", TOKEN.to_owned()),
         ("Entra ID access token", "fake-token-".to_owned()),
+        (
+            "vault proxy password",
+            "proxy-password-0123456789".to_owned(),
+        ),
         ("client certificate key", key_line),
     ];
     for request in azure.fake.token_requests() {
@@ -213,9 +229,15 @@ async fn a_set_whose_credentials_live_only_in_the_vault_gets_its_scale_set() {
         .delete(CREDENTIALS, &DeleteParams::default())
         .await
         .expect("delete the credentials Secret");
+    // With a vault, the proxy's credentialSecretRef is a vault secret too (no Kubernetes Secret has that name).
+    azure.fake.set_secret(
+        "proxy-creds",
+        r#"{"username":"u","password":"proxy-password-0123456789"}"#,
+    );
     let manager = env.start(azure.options(&env));
-    env.create_runner_set("vault-ok", vault_spec(&env, &azure, |_, _| {}))
-        .await;
+    let mut spec = vault_spec(&env, &azure, |_, _| {});
+    spec.proxy = proxy_with_vault_credentials("proxy-creds");
+    env.create_runner_set("vault-ok", spec).await;
     env.eventually("the scale set in the fake", || async {
         Some(env.scale_sets_named("vault-ok")).filter(|ids| !ids.is_empty())
     })
@@ -238,7 +260,11 @@ async fn a_set_whose_credentials_live_only_in_the_vault_gets_its_scale_set() {
         "{reads:?}"
     );
     assert!(
-        tokens.len() < reads.len() || reads.len() == 1,
+        reads.iter().any(|r| r.secret == "proxy-creds"),
+        "the proxy credentials were read from the vault: {reads:?}"
+    );
+    assert!(
+        tokens.len() < reads.len(),
         "the token is reused across reads: {} tokens for {} reads",
         tokens.len(),
         reads.len()
@@ -352,6 +378,26 @@ async fn each_vault_failure_has_its_own_condition_and_event() {
             }),
             "VaultUnreachable",
             "127.0.0.1",
+        ),
+        (
+            "v-proxy-missing",
+            {
+                let mut spec = vault_spec(&env, &azure, |_, _| {});
+                spec.proxy = proxy_with_vault_credentials("absent-proxy-creds");
+                spec
+            },
+            "VaultSecretNotFound",
+            "absent-proxy-creds",
+        ),
+        (
+            "v-proxy-invalid",
+            {
+                let mut spec = vault_spec(&env, &azure, |_, _| {});
+                spec.proxy = proxy_with_vault_credentials("not-json");
+                spec
+            },
+            "VaultSecretInvalid",
+            "proxy credentials",
         ),
         (
             "v-no-azure",

@@ -203,6 +203,13 @@ impl KeyVaultClient {
         parse_app_config(name, &value)
     }
 
+    /// The proxy credentials in the secret `name` (JSON `{"username", "password"}`), for a `credentialSecretRef`
+    /// when a vault is configured.
+    pub async fn proxy_credentials(&self, name: &str) -> Result<(String, SecretString)> {
+        let value = self.secret(name).await?;
+        parse_proxy_credentials(name, &value)
+    }
+
     /// The current value of the secret `name` (its latest version, so a rotation is seen on the next read).
     pub async fn secret(&self, name: &str) -> Result<SecretString> {
         check_secret_name(name)?;
@@ -390,6 +397,11 @@ impl KeyVaultClient {
 /// The app config in a secret's value, parsed and validated as a Kubernetes Secret's keys are. Errors say where
 /// and what kind of problem, never any part of the value.
 pub fn parse_app_config(name: &str, value: &SecretString) -> Result<GitHubCredentials> {
+    // serde reads a struct from a JSON array as well; only an object is an app config.
+    json_object(value.expose_secret()).map_err(|reason| Error::ParseAppConfig {
+        name: name.to_owned(),
+        reason,
+    })?;
     let parsed = AppConfig::from_json(value.expose_secret()).map_err(|error| {
         let reason = match &error {
             crds::Error::ParseJsonCredentials(json) => match json.classify() {
@@ -421,6 +433,43 @@ pub fn parse_app_config(name: &str, value: &SecretString) -> Result<GitHubCreden
             reason: "not a usable app config".to_owned(),
         },
     })
+}
+
+/// Proxy credentials in a secret's value: a JSON object with string `username` and `password` (either may be
+/// absent, meaning empty). Errors never quote the value.
+pub fn parse_proxy_credentials(name: &str, value: &SecretString) -> Result<(String, SecretString)> {
+    #[derive(Deserialize)]
+    struct ProxyCredentials {
+        #[serde(default)]
+        username: String,
+        #[serde(default)]
+        password: String,
+    }
+    let fail = |reason: String| Error::ParseProxyCredentials {
+        name: name.to_owned(),
+        reason,
+    };
+    let json = json_object(value.expose_secret()).map_err(fail)?;
+    // serde's messages can quote the value; say only which kind of problem it is.
+    let parsed: ProxyCredentials = serde_json::from_value(json)
+        .map_err(|_| fail("username and password must be strings".to_owned()))?;
+    Ok((parsed.username, SecretString::new(parsed.password)))
+}
+
+/// The text parsed as JSON, if it is an object; otherwise where and what the problem is (never the text).
+fn json_object(text: &str) -> Result<serde_json::Value, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|json| {
+        format!(
+            "not a JSON object (invalid JSON at line {} column {})",
+            json.line(),
+            json.column()
+        )
+    })?;
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err("not a JSON object".to_owned())
+    }
 }
 
 /// When a token obtained at `obtained` and valid for `lifetime` is replaced: [`TOKEN_REFRESH_MARGIN`] before it

@@ -115,6 +115,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A proxy credentials secret's value is not JSON `{"username": "...", "password": "..."}`.
+    #[error("parse secret {name} as proxy credentials JSON: {reason}")]
+    ParseProxyCredentials {
+        /// The secret name.
+        name: String,
+        /// What is wrong (position and kind, never the value).
+        reason: String,
+    },
+
     /// The secret's JSON does not hold exactly one complete credential kind.
     #[error("validate the GitHub app config in secret {name}: {problem}")]
     ValidateAppConfig {
@@ -159,7 +168,9 @@ impl Error {
             Self::RequestToken { .. } | Self::ReadSecret { .. } => reasons::UNREACHABLE,
             Self::SecretAccessDenied { .. } => reasons::ACCESS_DENIED,
             Self::SecretNotFound { .. } => reasons::SECRET_NOT_FOUND,
-            Self::ParseAppConfig { .. } | Self::ValidateAppConfig { .. } => reasons::SECRET_INVALID,
+            Self::ParseAppConfig { .. }
+            | Self::ValidateAppConfig { .. }
+            | Self::ParseProxyCredentials { .. } => reasons::SECRET_INVALID,
         }
     }
 

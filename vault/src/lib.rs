@@ -15,5 +15,8 @@ pub mod client;
 pub mod constants;
 pub mod error;
 
-pub use client::{KeyVaultClient, KeyVaultSettings, Options, parse_app_config, refresh_at};
+pub use client::{
+    KeyVaultClient, KeyVaultSettings, Options, parse_app_config, parse_proxy_credentials,
+    refresh_at,
+};
 pub use error::{Error, Result, TokenRejection};

@@ -89,6 +89,7 @@ fn unparseable_values_are_described_without_quoting_them() {
         r#"{"github_token": 12345678}"#,
         r#"{"github_app_installation_id":"ghp_supersecret"}"#,
         r#"{"github_token":"ghp_supersecret""#,
+        r#"["ghp_supersecret", 1]"#,
     ] {
         match parse_app_config("gh", &SecretString::new(value)) {
             Err(err @ Error::ParseAppConfig { .. }) => {
@@ -184,4 +185,34 @@ fn the_authority_host_can_come_from_the_environment() {
         Options::from_lookup(|_| Some("  ".to_owned())).authority_host,
         crate::constants::DEFAULT_AUTHORITY_HOST
     );
+}
+
+#[test]
+fn proxy_credentials_are_a_json_object_of_strings() {
+    let (user, password) = parse_proxy_credentials(
+        "proxy",
+        &SecretString::new(r#"{"username":"u","password":"p4ssw0rd-secret"}"#),
+    )
+    .expect("valid");
+    assert_eq!(
+        (user.as_str(), password.expose_secret()),
+        ("u", "p4ssw0rd-secret")
+    );
+    for value in [
+        "p4ssw0rd-secret",
+        r#"{"password": 12345678}"#,
+        r#"["p4ssw0rd-secret"]"#,
+    ] {
+        match parse_proxy_credentials("proxy", &SecretString::new(value)) {
+            Err(err @ Error::ParseProxyCredentials { .. }) => {
+                let text = err.to_string();
+                assert!(
+                    !text.contains("p4ssw0rd") && !text.contains("12345678"),
+                    "{text}"
+                );
+                assert_eq!(err.reason(), reasons::SECRET_INVALID);
+            }
+            other => panic!("{value}: expected a parse error, got {other:?}"),
+        }
+    }
 }
