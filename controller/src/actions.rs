@@ -176,6 +176,19 @@ impl ActionsClients {
         }
     }
 
+    /// The credentials in `source`'s Azure Key Vault secret, or `None` when it has no such vault. The
+    /// AutoscalingListener controller folds them into the listener config's hash, so a new version in the vault
+    /// restarts the listener with it, as a changed credentials Secret does.
+    pub async fn vault_app_config(&self, source: &ClientSource<'_>) -> Result<Option<AppConfig>> {
+        match source
+            .vault
+            .filter(|vault| vault.type_ == VAULT_TYPE_AZURE_KEY_VAULT)
+        {
+            Some(vault) => Ok(Some(self.vault_credentials(source, vault).await?.into())),
+            None => Ok(None),
+        }
+    }
+
     /// Reach Azure Key Vault with `options` (the proxy is still each resource's `vaultConfig.proxy` when set).
     pub fn with_vault_options(mut self, options: vault::Options) -> Self {
         self.vault_options = options;

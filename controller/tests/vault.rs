@@ -14,8 +14,8 @@ use ars_support::{CREDENTIALS, Env};
 use crds::common::{AzureKeyVaultConfig, ProxyConfig, ProxyServerConfig, VaultConfig};
 use fake_azure::{FakeAzure, Registration};
 use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
 use kube::api::DeleteParams;
+use kube::{Api, ResourceExt};
 
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 const CLIENT: &str = "0b6f5b52-8e2c-4d64-9d0b-1b2a3c4d5e6f";
@@ -112,6 +112,16 @@ fn vault_spec(
     spec.vault_config = Some(vault);
     spec.github_config_secret = name;
     spec
+}
+
+async fn config_json(env: &Env, listener: &str) -> serde_json::Value {
+    let secret = env
+        .controller_secrets()
+        .get(&format!("{listener}-config"))
+        .await
+        .expect("config secret");
+    let bytes = &secret.data.expect("data")["config.json"].0;
+    serde_json::from_slice(bytes).expect("config.json is JSON")
 }
 
 /// Waits for `Ready=False/<reason>` with `message` in it and a Warning Event with that reason; neither may
@@ -235,11 +245,19 @@ async fn a_set_whose_credentials_live_only_in_the_vault_gets_its_scale_set() {
         r#"{"username":"u","password":"proxy-password-0123456789"}"#,
     );
     let manager = env.start(azure.options(&env));
+    env.create_runner_set("vault-ok", vault_spec(&env, &azure, |_, _| {}))
+        .await;
+    // The manager's Actions client takes its proxy credentials from the vault as well (the listener's and the
+    // runners' proxy Secrets still read Kubernetes Secrets, as in ARC, so this set gets no listener here).
     let mut spec = vault_spec(&env, &azure, |_, _| {});
     spec.proxy = proxy_with_vault_credentials("proxy-creds");
-    env.create_runner_set("vault-ok", spec).await;
+    env.create_runner_set("vault-proxy", spec).await;
     env.eventually("the scale set in the fake", || async {
         Some(env.scale_sets_named("vault-ok")).filter(|ids| !ids.is_empty())
+    })
+    .await;
+    env.eventually("the proxied set's scale set in the fake", || async {
+        Some(env.scale_sets_named("vault-proxy")).filter(|ids| !ids.is_empty())
     })
     .await;
     env.eventually("ScaleSetReady=True", || async {
@@ -269,6 +287,44 @@ async fn a_set_whose_credentials_live_only_in_the_vault_gets_its_scale_set() {
         tokens.len(),
         reads.len()
     );
+
+    // The listener's config names the vault and carries no credentials.
+    let listener = env
+        .eventually("the AutoscalingListener", || async {
+            env.listeners()
+                .list(&Default::default())
+                .await
+                .expect("list listeners")
+                .items
+                .into_iter()
+                .find(|l| l.spec.autoscaling_runner_set_name == "vault-ok")
+        })
+        .await
+        .name_any();
+    let first = env
+        .eventually("the listener pod", || async {
+            env.controller_pods().get_opt(&listener).await.unwrap()
+        })
+        .await;
+    let config = config_json(&env, &listener).await;
+    assert_eq!(config["vault_type"], "azure_key_vault");
+    assert_eq!(config["vault_lookup_key"], VAULT_SECRET);
+    assert_eq!(
+        config["azure_key_vault"]["url"],
+        azure.fake.vault_url().as_str()
+    );
+    assert!(!config.to_string().contains(TOKEN), "{config}");
+    // A new version in the vault restarts the listener (which reads the vault at start), without anyone
+    // deleting a pod.
+    azure.fake.set_secret(
+        VAULT_SECRET,
+        &format!(r#"{{"github_token":"{TOKEN}_rotated"}}"#),
+    );
+    env.eventually("a new listener pod", || async {
+        let pod = env.controller_pods().get_opt(&listener).await.unwrap()?;
+        (pod.uid() != first.uid()).then_some(())
+    })
+    .await;
 
     // A new version in the vault reaches the running manager: an unusable one shows at once on the next
     // periodic check, and a good one clears it.

@@ -394,7 +394,20 @@ impl<'a> Step<'a> {
             error
         })?;
         let data = BTreeMap::from([(CONFIG_KEY.to_owned(), ByteString(text.into_bytes()))]);
-        let hash = integrity_hash(&data)?;
+        // With a vault the config holds no credentials, so the vault's current value joins the hash: a new
+        // version restarts the listener, which reads it at start (the hash without a vault is unchanged).
+        let source = crate::actions::ClientSource {
+            namespace,
+            github_config_url: &spec.github_config_url,
+            github_config_secret: &spec.github_config_secret,
+            proxy: spec.proxy.as_ref(),
+            tls: spec.github_server_tls.as_ref(),
+            vault: spec.vault_config.as_ref(),
+        };
+        let hash = match self.ctx.base.actions.vault_app_config(&source).await? {
+            Some(vault_credentials) => integrity_hash(&(&data, vault_credentials))?,
+            None => integrity_hash(&data)?,
+        };
         let (labels, mut annotations) = config_secret_metadata(id.listener, id.excluded_prefixes);
         annotations.insert(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.clone());
         let secret = self.secret(
