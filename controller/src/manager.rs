@@ -536,6 +536,7 @@ impl ScaleSetParts {
             self.runners_for_runner_sets,
             self.runner_pods_for_runner_sets,
             ctx.stores.runners.clone(),
+            ctx.options.pending_pod_limit,
         );
         let rbac_namespace = ctx.options.watch_namespace.clone();
         futures::join!(

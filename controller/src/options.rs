@@ -59,6 +59,9 @@ pub struct Options {
     /// How Azure Key Vault is reached for sets with `vaultConfig` (authority host, deadline, extra roots); the
     /// proxy is each set's `vaultConfig.proxy`, or the environment's.
     pub vault: vault::Options,
+    /// A runner pod `Pending` this long with no reported cause counts as unable to start
+    /// ([`crate::autoscaling_runner_set::runners::PENDING_TOO_LONG`]; tests shorten it).
+    pub pending_pod_limit: Duration,
 }
 
 /// Field manager of the AutoscalingRunnerSet controller's server-side applies (status).
@@ -154,6 +157,7 @@ impl Default for Options {
             scale_set_check_interval: Duration::from_secs(120),
             configuration_error_backoff: Duration::from_secs(60),
             vault: vault::Options::from_env(),
+            pending_pod_limit: crate::autoscaling_runner_set::runners::PENDING_TOO_LONG,
         }
     }
 }

@@ -601,6 +601,48 @@ async fn runner_images_that_cannot_be_pulled_keep_the_set_from_being_ready() {
     executor.stop();
 }
 
+/// The one rule that goes by the clock: a runner pod `Pending` past the limit with no cause reported (here no
+/// scheduler serves the control plane, so no verdict ever comes) counts, with the same message on every pass, and
+/// stops counting once the pod runs. The manager's limit is shortened from ten minutes to four seconds.
+#[tokio::test]
+async fn runner_pods_pending_too_long_keep_the_set_from_being_ready() {
+    let env = Env::with_fake("served-pending", fake_config()).await;
+    let mut options = options(&env, Duration::from_secs(600));
+    options.pending_pod_limit = Duration::from_secs(4);
+    // The set's periodic pass is what finds a pod the clock alone made overdue.
+    options.resync_interval = Duration::from_secs(2);
+    let manager = env.start(options);
+    env.create_runner_set("pending", one_runner_spec(&env))
+        .await;
+    let executor = executor(&env);
+    condition(&env, "pending", "ListenerReady", "True", "SessionHeld").await;
+    let pod = runner_pod(&env).await.name_any();
+    let blocked = assert_runners_blocked(&env, "pending", "PodPendingTooLong").await;
+    assert!(
+        blocked.message.contains("no scheduler has looked at it"),
+        "{}",
+        blocked.message
+    );
+    assert_eq!(
+        writes_during(env.runner_sets(), "pending", QUIET).await,
+        0,
+        "the same finding on every pass writes nothing"
+    );
+
+    kubelet_reports(&env, &pod, "runner:latest", None).await;
+    condition(
+        &env,
+        "pending",
+        "RunnersCanStart",
+        "True",
+        "RunnersStartable",
+    )
+    .await;
+    condition(&env, "pending", "Ready", "True", "Ready").await;
+    manager.stop().await;
+    executor.stop();
+}
+
 #[tokio::test]
 async fn runners_whose_pod_cannot_be_built_keep_the_set_from_being_ready_until_the_template_is_fixed()
  {

@@ -817,7 +817,11 @@ impl<'a> Step<'a> {
             let pod = stores
                 .pods
                 .get(&ObjectRef::new(&name).within(&self.namespace));
-            if let Some(why) = blockage(&runner, pod.as_deref()) {
+            if let Some(why) = blockage(
+                &runner,
+                pod.as_deref(),
+                self.ctx.base.options.pending_pod_limit,
+            ) {
                 blocked.push((name, why));
             }
         }

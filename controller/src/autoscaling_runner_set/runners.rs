@@ -117,8 +117,8 @@ fn pod_scheduled(pod: &Pod) -> Option<&PodCondition> {
 }
 
 /// What the runner's pod says at `now`: the scheduler finds no node for it, the kubelet cannot start a
-/// container, or (by the clock) it has stayed `Pending` for longer than [`PENDING_TOO_LONG`].
-pub fn pod_blockage(pod: &Pod, now: Timestamp) -> Option<Blockage> {
+/// container, or (by the clock) it has stayed `Pending` for longer than `limit` ([`PENDING_TOO_LONG`] by default).
+pub fn pod_blockage(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Blockage> {
     let status = pod.status.as_ref()?;
     if !is_pending(pod) {
         return None;
@@ -168,7 +168,7 @@ pub fn pod_blockage(pod: &Pod, now: Timestamp) -> Option<Blockage> {
     }
     let created = pod.metadata.creation_timestamp.as_ref()?.0;
     let overdue = created
-        .checked_add(SignedDuration::try_from(PENDING_TOO_LONG).ok()?)
+        .checked_add(SignedDuration::try_from(limit).ok()?)
         .is_ok_and(|deadline| now >= deadline);
     if !overdue {
         return None;
@@ -211,9 +211,9 @@ pub fn pod_blockage(pod: &Pod, now: Timestamp) -> Option<Blockage> {
     ))
 }
 
-/// Why a runner cannot start, from the runner and its pod, now.
-pub fn blockage(runner: &EphemeralRunner, pod: Option<&Pod>) -> Option<Blockage> {
-    blockage_at(runner, pod, Timestamp::now())
+/// Why a runner cannot start, from the runner and its pod, now (`limit`: see [`pod_blockage`]).
+pub fn blockage(runner: &EphemeralRunner, pod: Option<&Pod>, limit: Duration) -> Option<Blockage> {
+    blockage_at(runner, pod, Timestamp::now(), limit)
 }
 
 /// Why a runner cannot start, from the runner and its pod, at `now`.
@@ -221,8 +221,9 @@ pub fn blockage_at(
     runner: &EphemeralRunner,
     pod: Option<&Pod>,
     now: Timestamp,
+    limit: Duration,
 ) -> Option<Blockage> {
-    runner_blockage(runner).or_else(|| pod.and_then(|pod| pod_blockage(pod, now)))
+    runner_blockage(runner).or_else(|| pod.and_then(|pod| pod_blockage(pod, now, limit)))
 }
 
 /// What to do about the first blocked runner's reason.
@@ -291,8 +292,9 @@ pub fn blockage_changes(
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
     pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
     runner_store: Store<EphemeralRunner>,
+    limit: Duration,
 ) -> impl Stream<Item = ObjectRef<AutoscalingRunnerSet>> + Send + 'static {
-    blockage_changes_by(runners, pods, runner_store, Timestamp::now)
+    blockage_changes_by(runners, pods, runner_store, Timestamp::now, limit)
 }
 
 /// [`blockage_changes`] with the time from `clock`.
@@ -301,6 +303,7 @@ fn blockage_changes_by(
     pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
     runner_store: Store<EphemeralRunner>,
     clock: impl Fn() -> Timestamp + Send + 'static,
+    limit: Duration,
 ) -> impl Stream<Item = ObjectRef<AutoscalingRunnerSet>> + Send + 'static {
     enum Seen {
         Runner(Arc<EphemeralRunner>),
@@ -327,7 +330,7 @@ fn blockage_changes_by(
             Seen::Pod(pod) => (
                 pod.namespace().unwrap_or_default(),
                 pod.name_any(),
-                pod_blockage(pod, now).is_some(),
+                pod_blockage(pod, now, limit).is_some(),
             ),
         };
         let changed = {
@@ -355,7 +358,7 @@ fn blockage_changes_by(
                         .and_then(|created| {
                             created
                                 .0
-                                .checked_add(SignedDuration::try_from(PENDING_TOO_LONG).ok()?)
+                                .checked_add(SignedDuration::try_from(limit).ok()?)
                                 .ok()
                         })
                         .is_some_and(|deadline| now >= deadline);
@@ -424,7 +427,7 @@ mod tests {
     }
 
     fn pod_blockage_now(pod: &Pod) -> Option<Blockage> {
-        pod_blockage(&created(pod.clone()), minutes(1))
+        pod_blockage(&created(pod.clone()), minutes(1), PENDING_TOO_LONG)
     }
 
     fn waiting_pod(name: &str, reason: &str, message: &str) -> Pod {
@@ -542,14 +545,14 @@ mod tests {
         );
         let pulled = waiting_pod("a", "ErrImagePull", "");
         assert_eq!(
-            blockage_at(&rejected, Some(&pulled), minutes(1))
+            blockage_at(&rejected, Some(&pulled), minutes(1), PENDING_TOO_LONG)
                 .unwrap()
                 .reason,
             "PodCreationRejected"
         );
         let fine = runner("a", EphemeralRunnerStatus::default());
         assert_eq!(
-            blockage_at(&fine, Some(&pulled), minutes(1))
+            blockage_at(&fine, Some(&pulled), minutes(1), PENDING_TOO_LONG)
                 .unwrap()
                 .reason,
             "ImagePullFailed"
@@ -569,14 +572,19 @@ mod tests {
     fn the_schedulers_verdict_counts_at_once() {
         let message =
             "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.";
-        let blocked = pod_blockage(&unscheduled("Unschedulable", message), minutes(0)).unwrap();
+        let blocked = pod_blockage(
+            &unscheduled("Unschedulable", message),
+            minutes(0),
+            PENDING_TOO_LONG,
+        )
+        .unwrap();
         assert_eq!(blocked.reason, "PodUnschedulable");
         assert!(blocked.message.ends_with(message), "{}", blocked.message);
         // Scheduled now: the old verdict is history.
         let mut bound = unscheduled("Unschedulable", message);
         bound.spec =
             Some(serde_json::from_value(json!({"containers": [], "nodeName": "n1"})).unwrap());
-        assert_eq!(pod_blockage(&bound, minutes(1)), None);
+        assert_eq!(pod_blockage(&bound, minutes(1), PENDING_TOO_LONG), None);
         let mut scheduled = unscheduled("", "");
         scheduled
             .status
@@ -586,10 +594,14 @@ mod tests {
             .as_mut()
             .unwrap()[0]
             .status = "True".into();
-        assert_eq!(pod_blockage(&scheduled, minutes(1)), None);
+        assert_eq!(pod_blockage(&scheduled, minutes(1), PENDING_TOO_LONG), None);
         // A scheduling gate is someone's deliberate hold: only the clock rule applies to it.
         assert_eq!(
-            pod_blockage(&unscheduled("SchedulingGated", "gated"), minutes(9)),
+            pod_blockage(
+                &unscheduled("SchedulingGated", "gated"),
+                minutes(9),
+                PENDING_TOO_LONG
+            ),
             None
         );
     }
@@ -599,10 +611,14 @@ mod tests {
         let limit = i64::try_from(PENDING_TOO_LONG.as_secs() / 60).unwrap();
         let fresh = created(pod("a", json!({"phase": "Pending"})));
         assert_eq!(
-            pod_blockage(&fresh, minutes(limit) - SignedDuration::from_secs(1)),
+            pod_blockage(
+                &fresh,
+                minutes(limit) - SignedDuration::from_secs(1),
+                PENDING_TOO_LONG
+            ),
             None
         );
-        let late = pod_blockage(&fresh, minutes(limit)).unwrap();
+        let late = pod_blockage(&fresh, minutes(limit), PENDING_TOO_LONG).unwrap();
         assert_eq!(late.reason, "PodPendingTooLong");
         assert!(
             late.message
@@ -611,11 +627,16 @@ mod tests {
             late.message
         );
         assert_eq!(
-            pod_blockage(&fresh, minutes(limit + 30)),
+            pod_blockage(&fresh, minutes(limit + 30), PENDING_TOO_LONG),
             Some(late),
             "the message does not change with the clock"
         );
-        let gated = pod_blockage(&unscheduled("SchedulingGated", "gated"), minutes(limit)).unwrap();
+        let gated = pod_blockage(
+            &unscheduled("SchedulingGated", "gated"),
+            minutes(limit),
+            PENDING_TOO_LONG,
+        )
+        .unwrap();
         assert!(
             gated
                 .message
@@ -632,7 +653,7 @@ mod tests {
         ));
         mounting.spec =
             Some(serde_json::from_value(json!({"containers": [], "nodeName": "n1"})).unwrap());
-        let stuck = pod_blockage(&mounting, minutes(limit)).unwrap();
+        let stuck = pod_blockage(&mounting, minutes(limit), PENDING_TOO_LONG).unwrap();
         assert!(
             stuck
                 .message
@@ -642,7 +663,10 @@ mod tests {
         );
         // Running or finished pods are not Pending, however old.
         let running = created(pod("a", json!({"phase": "Running"})));
-        assert_eq!(pod_blockage(&running, minutes(limit * 10)), None);
+        assert_eq!(
+            pod_blockage(&running, minutes(limit * 10), PENDING_TOO_LONG),
+            None
+        );
     }
 
     #[test]
@@ -693,7 +717,9 @@ mod tests {
             ]
             .map(Arc::new),
         );
-        let sets: Vec<_> = blockage_changes(runners, pods, store).collect().await;
+        let sets: Vec<_> = blockage_changes(runners, pods, store, PENDING_TOO_LONG)
+            .collect()
+            .await;
         let set = ObjectRef::new("set").within("ns");
         // Runner blocked, runner unblocked, pod blocked, pod unblocked; repeats and an unknown runner's pod do
         // not count.
@@ -730,9 +756,10 @@ mod tests {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let clock = move || times[next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)];
         let pods = stream::iter(events.map(|(pod, _)| pod));
-        let sets: Vec<_> = blockage_changes_by(stream::empty(), pods, store, clock)
-            .collect()
-            .await;
+        let sets: Vec<_> =
+            blockage_changes_by(stream::empty(), pods, store, clock, PENDING_TOO_LONG)
+                .collect()
+                .await;
         assert_eq!(sets, vec![ObjectRef::new("set").within("ns")]);
     }
 }
