@@ -720,16 +720,15 @@ async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_r
             })
         })
         .await;
-    // Not asserted: the set's RunnersCanStart was seen to stay True while its runner pod waited Unschedulable
-    // here, although it promises False for that (docs/reliability.md, "On a real node"); printed for now.
+    // The set says so: its runners cannot start, in the scheduler's words.
+    let blocked = world
+        .wait_set_condition("RunnersCanStart", "False", "PodUnschedulable")
+        .await;
     eprintln!(
-        "while cordoned: pod {} Unschedulable; the set's RunnersCanStart: {:?}",
-        unschedulable.name_any(),
-        world
-            .set_condition("RunnersCanStart")
-            .await
-            .map(|c| (c.status, c.reason, c.message))
+        "while cordoned: pod {} Unschedulable; the set's RunnersCanStart: {blocked}",
+        unschedulable.name_any()
     );
+    assert!(blocked.contains("unschedulable"), "{blocked}");
 
     let uncordoned_at = std::time::Instant::now();
     world.set_node_unschedulable(false).await;
