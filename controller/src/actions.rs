@@ -385,29 +385,17 @@ impl ActionsClients {
         vault_config: &VaultConfig,
         proxy: &ProxyConfig,
     ) -> Result<ProxySettings> {
-        let mut settings = ProxySettings {
-            no_proxy: proxy.no_proxy.clone(),
-            ..ProxySettings::default()
-        };
-        for (config, slot) in [
-            (&proxy.http, &mut settings.http),
-            (&proxy.https, &mut settings.https),
-        ] {
-            let Some(config) = config.as_ref().filter(|config| !config.url.is_empty()) else {
-                continue;
-            };
-            let server = actions_client::ProxyServer::new(config.url.clone());
-            *slot = Some(if config.credential_secret_ref.is_empty() {
-                server
-            } else {
-                let name = &config.credential_secret_ref;
-                let value = self.vault_secret(source, vault_config, name).await?;
-                let (username, password) = vault::parse_proxy_credentials(name, &value)
-                    .map_err(|error| vault_error(source, error))?;
-                server.with_credentials(username, password)
-            });
-        }
-        Ok(settings)
+        crate::proxy::settings_with(proxy, |config| async move {
+            if config.credential_secret_ref.is_empty() {
+                return Ok(None);
+            }
+            let name = &config.credential_secret_ref;
+            let value = self.vault_secret(source, vault_config, name).await?;
+            vault::parse_proxy_credentials(name, &value)
+                .map(Some)
+                .map_err(|error| vault_error(source, error))
+        })
+        .await
     }
 
     /// The value of the vault secret `name`, read through a cached client (its Entra ID token reused until

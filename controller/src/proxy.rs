@@ -3,6 +3,7 @@
 //! (docs/reference/controllers.md, "Proxy Secrets").
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
 use actions_client::{ProxyServer, ProxySettings, SecretString};
 use crds::common::{ProxyConfig, ProxyServerConfig};
@@ -57,6 +58,24 @@ pub async fn client_settings(
     namespace: &str,
     proxy: &ProxyConfig,
 ) -> Result<ProxySettings> {
+    settings_with(proxy, |server| async move {
+        Ok(credentials(client, namespace, server)
+            .await?
+            .map(|(username, password)| (username, SecretString::new(password))))
+    })
+    .await
+}
+
+/// The proxy settings of an Actions client, each server's credentials (when it names a `credentialSecretRef`)
+/// from `credentials`: a Kubernetes Secret ([`client_settings`]) or a vault secret.
+pub async fn settings_with<'a, F, Fut>(
+    proxy: &'a ProxyConfig,
+    mut credentials: F,
+) -> Result<ProxySettings>
+where
+    F: FnMut(&'a ProxyServerConfig) -> Fut,
+    Fut: Future<Output = Result<Option<(String, SecretString)>>>,
+{
     let mut settings = ProxySettings {
         no_proxy: proxy.no_proxy.clone(),
         ..ProxySettings::default()
@@ -69,10 +88,8 @@ pub async fn client_settings(
             continue;
         };
         let server = ProxyServer::new(config.url.clone());
-        *slot = Some(match credentials(client, namespace, config).await? {
-            Some((username, password)) => {
-                server.with_credentials(username, SecretString::new(password))
-            }
+        *slot = Some(match credentials(config).await? {
+            Some((username, password)) => server.with_credentials(username, password),
             None => server,
         });
     }
