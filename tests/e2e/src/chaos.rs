@@ -18,7 +18,7 @@
 //!   [`ChaosConfig::token_expiry_every`] all message-queue and registration tokens are expired at once.
 //! * **sessions**: every [`ChaosConfig::session_drop_every`] the fake forgets every message session.
 //! * **pods**: every [`ChaosConfig::disrupt_every`] a random running runner pod, busy or idle, is taken away as a
-//!   drain would: deleted through the API, or (every other one, at random) evicted through the Eviction API. A job
+//!   drain would: deleted through the API, or (every other one) evicted through the Eviction API. A job
 //!   its runner was running fails, once; an idle runner must come back with a fresh JIT config.
 //! * **template**: once [`ChaosConfig::template_change_after_jobs`] jobs are enqueued, the runner template of the
 //!   AutoscalingRunnerSet changes (an environment variable of the runner container).
@@ -1358,7 +1358,13 @@ async fn disruptions(run: &Run<'_>) {
         world
             .simulator
             .expect_deletion(&pod.uid().unwrap_or_default());
-        let evict = rng.next_u64().is_multiple_of(2);
+        // Alternate, counting only the ones that happened: a run with a handful of disruptions (the API-server
+        // restart holds them for a while) must still take pods away both ways; a coin flip once gave three
+        // evictions and no delete.
+        let evict = {
+            let tally = run.tally();
+            tally.pods_deleted > tally.pods_evicted
+        };
         let result = if evict {
             pods.evict(&name, &EvictParams::default()).await.map(drop)
         } else {
