@@ -31,10 +31,10 @@ use crds::constants::{
     SCALE_SET_NAMESPACE_LABEL, VERSION_LABEL, phase,
 };
 use crds::version::{ARC_COMPATIBLE_VERSION, is_version_accepted};
-use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunnerSet};
+use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
-use k8s_openapi::api::core::v1::{ObjectReference, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -52,7 +52,7 @@ use super::desired::{
     ListenerInputs, contains_all, desired_listener, desired_listener_name, desired_runner_set,
     listener_up_to_date, recorded_scale_set_id, runner_set_hash, scale_set_labels, url_labels,
 };
-use super::runners::{blockage, runner_set_of_runner, runners_finding};
+use super::runners::{blockage, pending_deadline, runner_set_of_runner, runners_finding};
 use super::served::{LISTENER_PROGRESS_REASONS, ListenerView, judge_listener};
 use crate::actions::{Actions, ClientSource, credentials_gone};
 use crate::error::{Error, Result, is_status};
@@ -797,26 +797,50 @@ impl<'a> Step<'a> {
         // The status shows the scheduled minimum: look again when a window opens or closes.
         let wait = super::schedule_status::next_change_in(&self.runner_set.spec, Timestamp::now())
             .map_or(wait, |change| wait.min(change.max(SHORT_WAIT)));
+        // A runner pod still Pending counts as blocked once it has been so for the limit, which no event
+        // announces: look again at that moment, not at the next periodic pass.
+        let wait = self
+            .next_pending_deadline()
+            .map_or(wait, |deadline| wait.min(deadline.max(SHORT_WAIT)));
         Ok((Action::requeue(wait), verdict.outcome))
+    }
+
+    /// The set's runner pods, from the manager's caches (runners being deleted left out).
+    fn runner_pods(&self) -> impl Iterator<Item = (Arc<EphemeralRunner>, Option<Arc<Pod>>)> + '_ {
+        let stores = &self.ctx.base.stores;
+        let set = ObjectRef::<AutoscalingRunnerSet>::new(&self.name).within(&self.namespace);
+        stores
+            .runners
+            .state()
+            .into_iter()
+            .filter(move |runner| {
+                runner.metadata.deletion_timestamp.is_none()
+                    && runner_set_of_runner(runner).as_ref() == Some(&set)
+            })
+            .map(|runner| {
+                let pod = stores
+                    .pods
+                    .get(&ObjectRef::new(&runner.name_any()).within(&self.namespace));
+                (runner, pod)
+            })
+    }
+
+    /// When the first of the set's Pending runner pods would count as blocked by the clock alone.
+    fn next_pending_deadline(&self) -> Option<Duration> {
+        let now = Timestamp::now();
+        let limit = self.ctx.base.options.pending_pod_limit;
+        self.runner_pods()
+            .filter_map(|(_, pod)| pending_deadline(pod.as_deref()?, now, limit))
+            .min()
     }
 
     /// The set's runners that cannot start, from the manager's caches of runners and their pods.
     fn runners(&self) -> Result<String, Finding> {
-        let stores = &self.ctx.base.stores;
-        let set = ObjectRef::<AutoscalingRunnerSet>::new(&self.name).within(&self.namespace);
         let mut total = 0;
         let mut blocked = Vec::new();
-        for runner in stores.runners.state() {
-            if runner.metadata.deletion_timestamp.is_some()
-                || runner_set_of_runner(&runner).as_ref() != Some(&set)
-            {
-                continue;
-            }
+        for (runner, pod) in self.runner_pods() {
             total += 1;
             let name = runner.name_any();
-            let pod = stores
-                .pods
-                .get(&ObjectRef::new(&name).within(&self.namespace));
             if let Some(why) = blockage(
                 &runner,
                 pod.as_deref(),

@@ -211,6 +211,23 @@ pub fn pod_blockage(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Blocka
     ))
 }
 
+/// How long until `pod`, `Pending` and not blocked by anything else, counts as blocked by the clock alone
+/// ([`pod_blockage`]'s `limit`). Nothing announces that moment, so the set's next pass is due then; `None` when
+/// the pod is not pending, is already blocked, or has no creation time.
+pub fn pending_deadline(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Duration> {
+    if !is_pending(pod) || pod_blockage(pod, now, limit).is_some() {
+        return None;
+    }
+    let deadline = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()?
+        .0
+        .checked_add(SignedDuration::try_from(limit).ok()?)
+        .ok()?;
+    Duration::try_from(deadline.duration_since(now)).ok()
+}
+
 /// Why a runner cannot start, from the runner and its pod, now (`limit`: see [`pod_blockage`]).
 pub fn blockage(runner: &EphemeralRunner, pod: Option<&Pod>, limit: Duration) -> Option<Blockage> {
     blockage_at(runner, pod, Timestamp::now(), limit)
@@ -285,8 +302,8 @@ pub fn runner_set_of_runner(runner: &EphemeralRunner) -> Option<ObjectRef<Autosc
 /// Only those changes pass; the blocked objects are remembered (a bounded number: entries of runners gone from
 /// the cache are dropped once the memory grows).
 ///
-/// A pod that becomes blocked by the clock alone ([`PENDING_TOO_LONG`]) brings no event: the set's periodic
-/// pass finds it. Pods still `Pending` are remembered too, so that one leaving `Pending` after that time
+/// A pod that becomes blocked by the clock alone ([`PENDING_TOO_LONG`]) brings no event: the set's pass
+/// requeues itself for that moment ([`pending_deadline`]). Pods still `Pending` are remembered too, so that one leaving `Pending` after that time
 /// brings its set back at once (it may show the pod as blocked).
 pub fn blockage_changes(
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
@@ -602,6 +619,36 @@ mod tests {
                 minutes(9),
                 PENDING_TOO_LONG
             ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_pending_pod_is_looked_at_again_when_it_would_count_by_the_clock() {
+        let limit = i64::try_from(PENDING_TOO_LONG.as_secs() / 60).unwrap();
+        let fresh = created(pod("a", json!({"phase": "Pending"})));
+        assert_eq!(
+            pending_deadline(&fresh, minutes(1), PENDING_TOO_LONG),
+            Some(Duration::from_secs(60 * u64::try_from(limit - 1).unwrap()))
+        );
+        // At the deadline it counts (by pod_blockage), so there is nothing left to wait for.
+        assert_eq!(
+            pending_deadline(&fresh, minutes(limit), PENDING_TOO_LONG),
+            None
+        );
+        assert!(pod_blockage(&fresh, minutes(limit), PENDING_TOO_LONG).is_some());
+        // Blocked for a known cause already, or running: no clock to watch.
+        assert_eq!(
+            pending_deadline(
+                &unscheduled(UNSCHEDULABLE, "0/1 nodes are available"),
+                minutes(1),
+                PENDING_TOO_LONG
+            ),
+            None
+        );
+        let running = created(pod("a", json!({"phase": "Running"})));
+        assert_eq!(
+            pending_deadline(&running, minutes(1), PENDING_TOO_LONG),
             None
         );
     }
