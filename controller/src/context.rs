@@ -245,7 +245,7 @@ impl Expectations {
         let done = expected.created.is_empty() && expected.deleted.is_empty();
         let expired = expected
             .since
-            .is_some_and(|since| since.elapsed() > EXPECTATION_TIMEOUT);
+            .is_some_and(|since| since.elapsed() >= EXPECTATION_TIMEOUT);
         if done || expired {
             if expired && !done {
                 tracing::warn!(
@@ -257,6 +257,13 @@ impl Expectations {
             return true;
         }
         false
+    }
+
+    /// How long set `key`'s expectations are still waited for; `None` when nothing is expected.
+    pub fn left(&self, key: &str) -> Option<Duration> {
+        let sets = lock(&self.sets);
+        let since = sets.get(key)?.since?;
+        Some(EXPECTATION_TIMEOUT.saturating_sub(since.elapsed()))
     }
 
     /// Runner `name` of set `key` was deleted (its watch event): nothing more can be seen of it, so whatever was
@@ -487,6 +494,17 @@ mod tests {
         // r2 seen; old is still cached but being deleted, which is enough.
         assert!(expectations.satisfied("set", |name| name == "r2" || name == "old", |_| false));
         assert!(expectations.satisfied("set", |_| false, |_| false));
+    }
+
+    #[test]
+    fn expectations_say_how_long_they_are_still_waited_for() {
+        let expectations = Expectations::default();
+        assert_eq!(expectations.left("set"), None);
+        expectations.created("set", ["r1".to_owned()]);
+        let left = expectations.left("set").expect("waiting for r1");
+        assert!(left <= EXPECTATION_TIMEOUT && left > EXPECTATION_TIMEOUT / 2);
+        assert!(expectations.satisfied("set", |_| true, |_| true));
+        assert_eq!(expectations.left("set"), None);
     }
 
     #[test]

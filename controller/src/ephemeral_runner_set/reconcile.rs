@@ -50,10 +50,6 @@ use crate::metrics::{RunnerLabels, ScaleSetLabels};
 use crate::options::ERS_FIELD_MANAGER;
 
 const KIND: &str = "EphemeralRunnerSet";
-/// Come back soon: waiting for the cache, or for runners to finish going away.
-const SHORT_WAIT: Duration = Duration::from_secs(1);
-/// Come back while runners that could not be removed yet (busy, not registered) remain.
-const CLEANUP_WAIT: Duration = Duration::from_secs(5);
 
 /// Reconciles one EphemeralRunnerSet.
 #[tracing::instrument(skip(set, ctx), fields(set = %set.name_any(), namespace = set.namespace().unwrap_or_default()))]
@@ -79,15 +75,23 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         return Ok(Action::requeue(ctx.options.resync_interval));
     }
     step.reconcile_proxy_secret().await?;
+    // Waiting for the cache needs no poll: the runner events that settle the expectations start the next pass
+    // (the set owns its runners, and their deletions reach it through `reconcile_on`). The requeue only bounds
+    // how long a lost event is waited for.
     if !step.cache_caught_up() {
-        return Ok(Action::requeue(SHORT_WAIT));
+        return Ok(Action::requeue(
+            ctx.expectations
+                .left(&step.key)
+                .unwrap_or(ctx.options.resync_interval),
+        ));
     }
     let census = Census::of(step.children());
     step.update_gauges(&census);
     // A template change: idle and failed runners of an older template go first; the set scales once the cache
     // shows them going, so their replacements are counted against the request.
     if step.replace_stale(&census, &hash).await? {
-        return Ok(Action::requeue(SHORT_WAIT));
+        // Their deletion events bring the next pass, with the expectations recorded for them.
+        return Ok(Action::requeue(ctx.options.resync_interval));
     }
     let next = step.scale(&census).await?;
     let census = Census::of(step.children());
@@ -388,8 +392,11 @@ impl<'a> SetStep<'a> {
             grace,
             Timestamp::now(),
         );
+        // Runners kept for a reason other than the grace period (busy, not registered, waiting for a node)
+        // become removable by a change of their own status or their deletion, each an event of this set: only
+        // the grace period, a matter of the clock, needs a timer.
         if candidates.is_empty() {
-            return Ok(retry_after.or(Some(CLEANUP_WAIT)));
+            return Ok(retry_after);
         }
         let actions = self.actions().await?;
         let mut remaining = candidates.into_iter();
@@ -416,11 +423,7 @@ impl<'a> SetStep<'a> {
         tracing::info!(removed = removed.len(), requested = count, "scaled down");
         self.ctx.expectations.deleted(&self.key, removed);
         collect_errors(errors)?;
-        Ok(if needed > 0 {
-            Some(retry_after.unwrap_or(CLEANUP_WAIT).min(CLEANUP_WAIT))
-        } else {
-            None
-        })
+        Ok(if needed > 0 { retry_after } else { None })
     }
 
     /// Deregisters and deletes the runners an older template made that may go now (failed, or idle); returns
@@ -582,18 +585,19 @@ impl<'a> SetStep<'a> {
             return Ok(Action::await_change());
         }
         if !self.cleanup().await? {
-            return Ok(Action::requeue(CLEANUP_WAIT));
+            // Busy runners finish and go, idle ones are already being deleted: each deletion is an event of
+            // this set.
+            return Ok(Action::requeue(self.ctx.options.resync_interval));
         }
-        if self.set.spec.ephemeral_runner_spec.proxy.is_some()
-            && delete_if_present(
+        // A Secret has no finalizers of its own: once the delete is accepted it is gone, nothing to wait for.
+        if self.set.spec.ephemeral_runner_spec.proxy.is_some() {
+            delete_if_present(
                 &self.secrets,
                 &self.proxy_secret_name(),
                 &self.namespace,
                 "Secret",
             )
-            .await?
-        {
-            return Ok(Action::requeue(SHORT_WAIT));
+            .await?;
         }
         remove_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER], KIND).await?;
         self.ctx.expectations.forget(&self.key);

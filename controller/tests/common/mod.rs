@@ -113,7 +113,9 @@ impl Env {
             watch_namespace: Some(self.ctx.namespace.clone()),
             build_version: "test".to_owned(),
             actions_call_timeout: Duration::from_secs(10),
-            resync_interval: Duration::from_secs(10),
+            // The production value: every step must be brought by a watch event or a timer the controllers set
+            // for a reason; a missing event shows as a test timing out, not as a pass the resync happened to make.
+            resync_interval: Duration::from_secs(300),
             error_backoff_min: Duration::from_millis(100),
             error_backoff_max: Duration::from_secs(2),
             ..Options::default()
