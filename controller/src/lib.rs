@@ -7,6 +7,10 @@
 //! * [`ephemeral_runner`] runs one runner: JIT registration, pod, failures, deregistration.
 //! * Pure decisions (which runner to remove, failure policy, the pod and runner objects, names and hashes) live
 //!   in their own modules with unit and property tests.
+//! * Layers: the four controller modules ([`autoscaling_runner_set`], [`autoscaling_listener`],
+//!   [`ephemeral_runner_set`], [`ephemeral_runner`]) use only the shared modules ([`context`], [`error`],
+//!   [`kubeutil`], [`actions`], [`proxy`], [`options`], [`metrics`], [`hash`], [`labels`], [`pods`]), never each
+//!   other; the shared modules use no controller module. What two controllers both need moves down into them.
 //!
 //! See `docs/runner-lifecycle.md` for the runner lifecycle and its failure handling.
 
@@ -26,6 +30,7 @@ pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod options;
+pub mod pods;
 pub mod proxy;
 pub mod ratelimit;
 pub mod server;

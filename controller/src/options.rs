@@ -11,6 +11,12 @@ pub const ER_FIELD_MANAGER: &str = "arc-rs/ephemeralrunner";
 /// from [`ER_FIELD_MANAGER`] so this apply never removes fields another apply set.
 pub const ER_JOB_METADATA_FIELD_MANAGER: &str = "arc-rs/ephemeralrunner-job-metadata";
 
+/// A runner pod still `Pending` this long after its creation, with no cause anyone reported, counts as unable to
+/// start (the default of [`Options::pending_pod_limit`]). The scheduler decides within seconds and the kubelet starts containers within a minute or two; ten
+/// minutes leaves room for a cluster autoscaler's new node and a large image's pull, and is still far below
+/// the hours a job waits for a runner before GitHub gives up on it.
+pub const PENDING_TOO_LONG: Duration = Duration::from_secs(600);
+
 /// Everything the reconcilers need to know besides the cluster itself.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -60,7 +66,7 @@ pub struct Options {
     /// proxy is each set's `vaultConfig.proxy`, or the environment's.
     pub vault: vault::Options,
     /// A runner pod `Pending` this long with no reported cause counts as unable to start
-    /// ([`crate::autoscaling_runner_set::runners::PENDING_TOO_LONG`]; tests shorten it).
+    /// ([`PENDING_TOO_LONG`]; tests shorten it).
     pub pending_pod_limit: Duration,
 }
 
@@ -157,7 +163,7 @@ impl Default for Options {
             scale_set_check_interval: Duration::from_secs(120),
             configuration_error_backoff: Duration::from_secs(60),
             vault: vault::Options::from_env(),
-            pending_pod_limit: crate::autoscaling_runner_set::runners::PENDING_TOO_LONG,
+            pending_pod_limit: PENDING_TOO_LONG,
         }
     }
 }

@@ -226,7 +226,7 @@ async fn edit_runner_container(env: &Env, set: &str, edit: impl FnOnce(&mut Cont
         .spec
         .ephemeral_runner_spec;
     edit(&mut spec.spec.containers[0]);
-    let hash = controller::ephemeral_runner_set::runner_spec_hash(&spec).expect("hash");
+    let hash = controller::hash::runner_spec_hash(&spec).expect("hash");
     env.sets()
         .patch(
             set,

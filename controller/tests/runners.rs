@@ -476,7 +476,7 @@ async fn a_quota_rejection_is_retried_not_counted() {
         .eventually("the rejection on the runner", || async {
             env.runners().await.into_iter().find(|runner| {
                 runner.status.as_ref().is_some_and(|status| {
-                    status.reason == controller::ephemeral_runner::POD_REJECTED_REASON
+                    status.reason == crds::constants::reason::POD_CREATION_REJECTED
                 })
             })
         })
@@ -506,7 +506,7 @@ async fn a_quota_rejection_is_retried_not_counted() {
     env.eventually("the rejection cleared from the status", || async {
         let runner = env.runners_api().get(&runner.name_any()).await.ok()?;
         let reason = runner.status?.reason;
-        (reason != controller::ephemeral_runner::POD_REJECTED_REASON).then_some(())
+        (reason != crds::constants::reason::POD_CREATION_REJECTED).then_some(())
     })
     .await;
     manager.stop().await;

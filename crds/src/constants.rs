@@ -144,6 +144,8 @@ pub mod reason {
     pub const INVALID_POD: &str = "InvalidPod";
     /// The runner exited because its version is outdated.
     pub const OUTDATED: &str = "Outdated";
+    /// Pod creation is refused for now, by a quota or an admission check (retried; the runner's set reports it).
+    pub const POD_CREATION_REJECTED: &str = "PodCreationRejected";
     /// Defined by ARC but never written.
     pub const TOO_MANY_POD_FAILURES: &str = "TooManyPodFailures";
 }

@@ -33,8 +33,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, Predicate, predicates, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-pub use reconcile::{PodState, pod_state};
-
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 

@@ -20,9 +20,7 @@ use std::time::Duration;
 
 use actions_client::{GitHubConfig, Scope};
 use crds::appconfig::AppConfig;
-use crds::constants::{
-    AUTOSCALING_LISTENER_FINALIZER, INTEGRITY_HASH_ANNOTATION, LISTENER_CONTAINER_NAME,
-};
+use crds::constants::{AUTOSCALING_LISTENER_FINALIZER, INTEGRITY_HASH_ANNOTATION};
 use crds::names::{listener_config_secret_name, listener_proxy_secret_name};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, ListenerPodFailures};
 use k8s_openapi::ByteString;
@@ -52,6 +50,7 @@ use crate::kubeutil::{
 };
 use crate::metrics::ScaleSetLabels;
 use crate::options::AL_FIELD_MANAGER;
+use crate::pods::{PodState, pod_state};
 
 const KIND: &str = "AutoscalingListener";
 /// Come back soon: waiting for something to go away.
@@ -712,61 +711,9 @@ fn describe_wait(wait: Duration) -> String {
     }
 }
 
-/// What the listener container is doing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodState {
-    /// Not running yet (or waiting to be restarted).
-    Starting,
-    /// Running since (when known).
-    Running(Option<Timestamp>),
-    /// Evicted or terminated: the pod must be replaced. The text says how it ended.
-    Failed(String),
-}
-
-/// The state of the listener container of `pod`.
-pub fn pod_state(pod: &Pod) -> PodState {
-    let Some(status) = &pod.status else {
-        return PodState::Starting;
-    };
-    if status.reason.as_deref() == Some("Evicted") {
-        return PodState::Failed("was evicted".to_owned());
-    }
-    let container = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .find(|c| c.name == LISTENER_CONTAINER_NAME);
-    let Some(state) = container.and_then(|c| c.state.as_ref()) else {
-        return match status.phase.as_deref() {
-            Some("Failed" | "Succeeded") => PodState::Failed(format!(
-                "ended in phase {}",
-                status.phase.as_deref().unwrap_or_default()
-            )),
-            _ => PodState::Starting,
-        };
-    };
-    if let Some(terminated) = &state.terminated {
-        let reason = terminated
-            .reason
-            .as_deref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default();
-        return PodState::Failed(format!("exited with code {}{reason}", terminated.exit_code));
-    }
-    if let Some(running) = &state.running {
-        return PodState::Running(running.started_at.as_ref().map(|t| t.0));
-    }
-    PodState::Starting
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn pod(status: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).unwrap()
-    }
 
     #[test]
     fn waits_read_well_and_only_future_times_wait() {
@@ -783,32 +730,5 @@ mod tests {
             .unwrap();
         assert_eq!(time_until(Some(&Time(earlier))), None);
         assert_eq!(time_until(None), None);
-    }
-
-    #[test]
-    fn pod_states() {
-        assert_eq!(pod_state(&pod(json!({}))), PodState::Starting);
-        assert_eq!(
-            pod_state(&pod(json!({"phase": "Failed", "reason": "Evicted"}))),
-            PodState::Failed("was evicted".to_owned())
-        );
-        assert_eq!(
-            pod_state(&pod(json!({"containerStatuses": [{
-                "name": "listener", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
-                "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
-            }]}))),
-            PodState::Failed("exited with code 1 (Error)".to_owned())
-        );
-        assert!(matches!(
-            pod_state(&pod(json!({"containerStatuses": [{
-                "name": "listener", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}},
-            }]}))),
-            PodState::Running(Some(_))
-        ));
-        assert_eq!(
-            pod_state(&pod(json!({"phase": "Succeeded"}))),
-            PodState::Failed("ended in phase Succeeded".to_owned())
-        );
     }
 }

@@ -21,9 +21,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::ephemeral_runner_set::runner_spec_hash;
 use crate::error::Result;
-use crate::hash::integrity_hash;
+use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::labels::{merge_annotations, merge_labels};
 
 /// The integrity hash of an AutoscalingRunnerSet: its spec and labels (docs/reference/controllers.md, "Hashes").

@@ -9,6 +9,8 @@
 //! kubelet wrote. One rule goes by the clock, for a pod that stays `Pending` with no such fact (no scheduler
 //! serves its `schedulerName`, a volume that never mounts, an init container that never ends):
 //! [`PENDING_TOO_LONG`] after its creation it counts too.
+//!
+//! [`PENDING_TOO_LONG`]: crate::options::PENDING_TOO_LONG
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,7 +25,6 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::conditions::Finding;
-use crate::ephemeral_runner::POD_REJECTED_REASON;
 
 /// Container waiting reasons of an image that cannot be pulled.
 const IMAGE_PULL_REASONS: [&str; 4] = [
@@ -39,11 +40,6 @@ const CONTAINER_CONFIG_REASONS: [&str; 2] = ["CreateContainerConfigError", "Crea
 /// fluke, a second in a row is a pattern (the runner is replaced after `--runner-max-pod-failures`, and its
 /// replacement starts counting again, so a set whose pods always fail keeps showing runners here).
 pub const REPEATED_FAILURES: usize = 2;
-/// A runner pod still `Pending` this long after its creation, with no cause anyone reported, counts as unable to
-/// start. The scheduler decides within seconds and the kubelet starts containers within a minute or two; ten
-/// minutes leaves room for a cluster autoscaler's new node and a large image's pull, and is still far below
-/// the hours a job waits for a runner before GitHub gives up on it.
-pub const PENDING_TOO_LONG: Duration = Duration::from_secs(600);
 /// The scheduler's reason for a pod that no node fits (`PodScheduled=False`).
 const UNSCHEDULABLE: &str = "Unschedulable";
 
@@ -68,8 +64,11 @@ impl Blockage {
 /// What the runner's own status says (without its pod).
 pub fn runner_blockage(runner: &EphemeralRunner) -> Option<Blockage> {
     let status = runner.status.as_ref()?;
-    if status.reason == POD_REJECTED_REASON {
-        return Some(Blockage::new(POD_REJECTED_REASON, status.message.clone()));
+    if status.reason == reason::POD_CREATION_REJECTED {
+        return Some(Blockage::new(
+            reason::POD_CREATION_REJECTED,
+            status.message.clone(),
+        ));
     }
     if status.phase == phase::FAILED && status.reason == reason::INVALID_POD {
         return Some(Blockage::new(reason::INVALID_POD, status.message.clone()));
@@ -117,7 +116,8 @@ fn pod_scheduled(pod: &Pod) -> Option<&PodCondition> {
 }
 
 /// What the runner's pod says at `now`: the scheduler finds no node for it, the kubelet cannot start a
-/// container, or (by the clock) it has stayed `Pending` for longer than `limit` ([`PENDING_TOO_LONG`] by default).
+/// container, or (by the clock) it has stayed `Pending` for longer than `limit`
+/// ([`crate::options::PENDING_TOO_LONG`] by default).
 pub fn pod_blockage(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Blockage> {
     let status = pod.status.as_ref()?;
     if !is_pending(pod) {
@@ -302,7 +302,7 @@ pub fn runner_set_of_runner(runner: &EphemeralRunner) -> Option<ObjectRef<Autosc
 /// Only those changes pass; the blocked objects are remembered (a bounded number: entries of runners gone from
 /// the cache are dropped once the memory grows).
 ///
-/// A pod that becomes blocked by the clock alone ([`PENDING_TOO_LONG`]) brings no event: the set's pass
+/// A pod that becomes blocked by the clock alone ([`crate::options::PENDING_TOO_LONG`]) brings no event: the set's pass
 /// requeues itself for that moment ([`pending_deadline`]). Pods still `Pending` are remembered too, so that one leaving `Pending` after that time
 /// brings its set back at once (it may show the pod as blocked).
 pub fn blockage_changes(
@@ -404,6 +404,7 @@ fn blockage_changes_by(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::PENDING_TOO_LONG;
     use crds::{EphemeralRunnerSpec, EphemeralRunnerStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
     use k8s_openapi::jiff::Timestamp;
@@ -462,7 +463,7 @@ mod tests {
         let rejected = runner(
             "a",
             EphemeralRunnerStatus {
-                reason: POD_REJECTED_REASON.into(),
+                reason: reason::POD_CREATION_REJECTED.into(),
                 message: "Failed to create the pod: exceeded quota".into(),
                 ..Default::default()
             },
@@ -556,7 +557,7 @@ mod tests {
         let rejected = runner(
             "a",
             EphemeralRunnerStatus {
-                reason: POD_REJECTED_REASON.into(),
+                reason: reason::POD_CREATION_REJECTED.into(),
                 ..Default::default()
             },
         );
@@ -748,7 +749,7 @@ mod tests {
         let blocked = runner(
             "set-runner-a",
             EphemeralRunnerStatus {
-                reason: POD_REJECTED_REASON.into(),
+                reason: reason::POD_CREATION_REJECTED.into(),
                 ..Default::default()
             },
         );

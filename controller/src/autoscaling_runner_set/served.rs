@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::conditions::Finding;
-use crate::autoscaling_listener::{PodState, pod_state};
+use crate::pods::{PodState, pod_state};
 
 /// Added to the listener's own bound on the age of its last poll before the report counts as stale: the
 /// report's way to the API server and this controller's watch, and clock differences between the node and the

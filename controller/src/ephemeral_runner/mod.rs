@@ -19,7 +19,7 @@ use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
-pub use reconcile::{POD_DELETED_EVENT, POD_DELETED_REASON, POD_REJECTED_REASON};
+pub use reconcile::{POD_DELETED_EVENT, POD_DELETED_REASON};
 
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;

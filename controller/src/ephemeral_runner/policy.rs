@@ -10,9 +10,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crds::constants::RUNNER_CONTAINER_NAME;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+
+use crate::pods::{conditions, is_ready};
 
 /// Exit code the runner uses when its version is deprecated (requested through the environment).
 pub const DEPRECATED_EXIT_CODE: i32 = 7;
@@ -73,13 +75,6 @@ fn exit_code(status: &ContainerStatus) -> Option<i32> {
         .map(|terminated| terminated.exit_code)
 }
 
-fn conditions(pod: &Pod) -> &[PodCondition] {
-    pod.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_deref())
-        .unwrap_or_default()
-}
-
 /// Why the cluster took the pod away, if it did.
 pub fn disruption_class(pod: &Pod) -> Option<&'static str> {
     let reason = pod
@@ -111,34 +106,6 @@ pub fn disruption_class(pod: &Pod) -> Option<&'static str> {
                     _ => "disrupted",
                 },
             )
-    })
-}
-
-/// Whether the pod's Ready condition (the latest one) is True.
-pub fn is_ready(pod: &Pod) -> bool {
-    ready_condition(pod).is_some_and(|condition| condition.status == "True")
-}
-
-fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
-    conditions(pod)
-        .iter()
-        .filter(|condition| condition.type_ == "Ready")
-        .max_by_key(|condition| condition.last_transition_time.as_ref().map(|time| time.0))
-}
-
-/// When the pod last became Ready, if it is Ready.
-pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
-    ready_condition(pod)
-        .filter(|condition| condition.status == "True")
-        .and_then(|condition| condition.last_transition_time.as_ref().map(|time| time.0))
-}
-
-/// Whether the scheduler found no node for the pod (so a cluster autoscaler may be adding one).
-pub fn is_waiting_for_node(pod: &Pod) -> bool {
-    conditions(pod).iter().any(|condition| {
-        condition.type_ == "PodScheduled"
-            && condition.status == "False"
-            && condition.reason.as_deref() == Some("Unschedulable")
     })
 }
 
@@ -311,7 +278,7 @@ pub fn classify_create_error(error: &kube::Error) -> CreateRejection {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStateTerminated, PodStatus,
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, PodCondition, PodStatus,
     };
     use proptest::prelude::*;
 
@@ -440,37 +407,6 @@ mod tests {
             panic!("expected a failure");
         };
         assert!(!failure.counted);
-    }
-
-    #[test]
-    fn readiness_uses_the_latest_condition() {
-        let mut pod = pod("Running", Some(None));
-        pod.status.as_mut().unwrap().conditions = Some(vec![
-            condition("Ready", "True", None, 100),
-            condition("Ready", "False", None, 50),
-        ]);
-        assert!(is_ready(&pod));
-        assert_eq!(
-            ready_since(&pod),
-            Some(Timestamp::from_second(100).unwrap())
-        );
-        pod.status.as_mut().unwrap().conditions =
-            Some(vec![condition("Ready", "False", None, 100)]);
-        assert!(!is_ready(&pod));
-        assert_eq!(ready_since(&pod), None);
-    }
-
-    #[test]
-    fn waiting_for_a_node() {
-        let mut pod = pod("Pending", None);
-        assert!(!is_waiting_for_node(&pod));
-        pod.status.as_mut().unwrap().conditions = Some(vec![condition(
-            "PodScheduled",
-            "False",
-            Some("Unschedulable"),
-            1,
-        )]);
-        assert!(is_waiting_for_node(&pod));
     }
 
     #[test]

@@ -67,8 +67,6 @@ const RUNNER_FINALIZERS: [&str; 2] = [
     EPHEMERAL_RUNNER_FINALIZER,
     EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
 ];
-/// Status reason while pod creation is refused by a quota or an admission check.
-pub const POD_REJECTED_REASON: &str = "PodCreationRejected";
 /// Status reason while an idle runner waits for its deleted pod to go.
 pub const POD_DELETED_REASON: &str = "PodDeleted";
 /// Event reason when a runner's pod was deleted or evicted by someone else.
@@ -339,7 +337,7 @@ impl<'a> Step<'a> {
             service_busy: false,
             registered: status.runner_id != 0,
             backoff: self.pod_backoff(),
-            rejected: status.reason == POD_REJECTED_REASON,
+            rejected: status.reason == reason::POD_CREATION_REJECTED,
             dry_run_passed: false,
             pod: match pod {
                 None => PodFact::NotCached,
@@ -944,15 +942,15 @@ impl<'a> Step<'a> {
         if status.runner_id != 0 {
             patch.forget_identity();
         }
-        if status.reason != POD_REJECTED_REASON || status.message != message {
+        if status.reason != reason::POD_CREATION_REJECTED || status.message != message {
             self.event(
                 EventType::Warning,
-                POD_REJECTED_REASON,
+                reason::POD_CREATION_REJECTED,
                 "CreatePod",
                 message.clone(),
             )
             .await;
-            patch.explain(POD_REJECTED_REASON.to_owned(), message);
+            patch.explain(reason::POD_CREATION_REJECTED.to_owned(), message);
         }
         self.patch_status(&patch).await?;
         Ok(Action::requeue(self.ctx.options.runner.pod_rejection_retry))

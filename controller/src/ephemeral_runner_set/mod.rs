@@ -18,8 +18,6 @@ use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
-pub use runner::runner_spec_hash;
-
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 

@@ -33,7 +33,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use super::runner::{desired_runner, runner_spec_hash, scale_set_identity};
+use super::runner::{desired_runner, scale_set_identity};
 use super::scale::{
     APPLIED_GENERATION_ANNOTATION, Census, ScalePlan, already_applied, plan, removal_candidates,
     stale_runners,
@@ -41,7 +41,7 @@ use super::scale::{
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::hash::integrity_hash;
+use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::kubeutil::{
     add_finalizers, controller_ref, delete_if_present, has_finalizer, is_controlled_by,
     name_and_namespace, remove_finalizers,

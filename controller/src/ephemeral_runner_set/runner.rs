@@ -19,10 +19,8 @@ use crate::labels::{merge_annotations, merge_labels};
 /// bloat them.
 const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-pub use crate::hash::runner_spec_hash;
-
 /// A new runner of `set` (to be created with `generateName`), stamped with `template_hash`, the
-/// [`runner_spec_hash`] of the template it copies: the set tells a runner made from an older template by it.
+/// [`crate::hash::runner_spec_hash`] of the template it copies: the set tells a runner made from an older template by it.
 pub fn desired_runner(
     set: &EphemeralRunnerSet,
     owner: OwnerReference,
@@ -92,6 +90,7 @@ pub fn scale_set_identity(set: &EphemeralRunnerSet) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::runner_spec_hash;
     use crds::EphemeralRunnerSetSpec;
     use crds::EphemeralRunnerSpec;
     use crds::common::{ProxyConfig, ResourceMeta};

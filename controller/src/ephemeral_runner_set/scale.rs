@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::ephemeral_runner::policy::{is_waiting_for_node, ready_since};
+use crate::pods::{is_waiting_for_node, ready_since};
 
 /// Where a runner stands, for counting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,165 @@
+//! Deletion (docs/reference/controllers.md, "ARS deletion"): listeners, EphemeralRunnerSet, scale set, the
+//! cleanup-protection finalizers of Helm's objects, then the set's own finalizer.
+
+use crds::constants::{
+    AUTOSCALING_RUNNER_SET_FINALIZER, CLEANUP_GITHUB_SECRET_NAME_ANNOTATION,
+    CLEANUP_KUBERNETES_MODE_ROLE_BINDING_NAME_ANNOTATION,
+    CLEANUP_KUBERNETES_MODE_ROLE_NAME_ANNOTATION,
+    CLEANUP_KUBERNETES_MODE_SERVICE_ACCOUNT_NAME_ANNOTATION,
+    CLEANUP_MANAGER_ROLE_BINDING_ANNOTATION, CLEANUP_MANAGER_ROLE_NAME_ANNOTATION,
+    CLEANUP_NO_PERMISSION_SERVICE_ACCOUNT_NAME_ANNOTATION, CLEANUP_PROTECTION_FINALIZER,
+};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::{KIND, SHORT_WAIT, Step};
+use crate::autoscaling_runner_set::desired::desired_listener_name;
+use crate::error::{Error, Result, is_status};
+use crate::kubeutil::{delete_if_present, remove_finalizers};
+
+impl Step<'_> {
+    /// Deletion (docs/reference/controllers.md, "ARS deletion"), in order; each step waits until its objects are
+    /// gone.
+    pub(super) async fn finalize(&self) -> Result<Action> {
+        if !self.has_finalizer() {
+            return Ok(Action::await_change());
+        }
+        let current = desired_listener_name(self.runner_set);
+        let mut listeners = self.orphan_listeners(&current);
+        listeners.push(current);
+        let mut waiting = false;
+        for listener in &listeners {
+            waiting |= self.delete_listener(listener).await?;
+        }
+        if waiting {
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        if let Some(set) = self.get_runner_set().await? {
+            if set.meta().deletion_timestamp.is_none() {
+                delete_if_present(
+                    &self.runner_sets,
+                    &self.name,
+                    &self.namespace,
+                    "EphemeralRunnerSet",
+                )
+                .await?;
+            }
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        self.delete_scale_set().await?;
+        self.release_protected_objects().await?;
+        remove_finalizers(
+            &self.api,
+            self.runner_set,
+            &[AUTOSCALING_RUNNER_SET_FINALIZER],
+            KIND,
+        )
+        .await?;
+        self.ctx.forget(&self.key);
+        // A deleted set has no session to report, and its series must not linger as 0 either.
+        self.ctx
+            .base
+            .metrics
+            .listener_session_held
+            .remove(&self.metric_labels());
+        Ok(Action::await_change())
+    }
+
+    /// Lets Helm's protected objects go, in ARC's order (docs/reference/controllers.md, "ARS deletion", step 4).
+    async fn release_protected_objects(&self) -> Result<()> {
+        let annotations = self.runner_set.annotations();
+        let client = &self.ctx.base.client;
+        let ns = self.namespace.as_str();
+        for (annotation, kind) in [
+            (
+                CLEANUP_KUBERNETES_MODE_ROLE_BINDING_NAME_ANNOTATION,
+                ObjectKind::RoleBinding,
+            ),
+            (
+                CLEANUP_KUBERNETES_MODE_ROLE_NAME_ANNOTATION,
+                ObjectKind::Role,
+            ),
+            (
+                CLEANUP_KUBERNETES_MODE_SERVICE_ACCOUNT_NAME_ANNOTATION,
+                ObjectKind::ServiceAccount,
+            ),
+            (
+                CLEANUP_NO_PERMISSION_SERVICE_ACCOUNT_NAME_ANNOTATION,
+                ObjectKind::ServiceAccount,
+            ),
+            (CLEANUP_GITHUB_SECRET_NAME_ANNOTATION, ObjectKind::Secret),
+            (
+                CLEANUP_MANAGER_ROLE_BINDING_ANNOTATION,
+                ObjectKind::RoleBinding,
+            ),
+            (CLEANUP_MANAGER_ROLE_NAME_ANNOTATION, ObjectKind::Role),
+        ] {
+            let Some(name) = annotations.get(annotation).filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            match kind {
+                ObjectKind::RoleBinding => {
+                    release::<RoleBinding>(
+                        &Api::namespaced(client.clone(), ns),
+                        name,
+                        ns,
+                        "RoleBinding",
+                    )
+                    .await?
+                }
+                ObjectKind::Role => {
+                    release::<Role>(&Api::namespaced(client.clone(), ns), name, ns, "Role").await?
+                }
+                ObjectKind::ServiceAccount => {
+                    release::<ServiceAccount>(
+                        &Api::namespaced(client.clone(), ns),
+                        name,
+                        ns,
+                        "ServiceAccount",
+                    )
+                    .await?
+                }
+                ObjectKind::Secret => {
+                    release::<Secret>(&Api::namespaced(client.clone(), ns), name, ns, "Secret")
+                        .await?
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ObjectKind {
+    RoleBinding,
+    Role,
+    ServiceAccount,
+    Secret,
+}
+
+/// Removes the cleanup-protection finalizer from an object; gone (or, for a Secret, no longer readable) counts
+/// as done.
+async fn release<K>(api: &Api<K>, name: &str, namespace: &str, kind: &'static str) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let found = match api.get_opt(name).await {
+        Ok(found) => found,
+        Err(error) if kind == "Secret" && is_status(&error, 403) => None,
+        Err(source) => {
+            return Err(Error::ReadObjects {
+                kind,
+                namespace: namespace.to_owned(),
+                source: Box::new(source),
+            });
+        }
+    };
+    let Some(obj) = found else {
+        return Ok(());
+    };
+    remove_finalizers(api, &obj, &[CLEANUP_PROTECTION_FINALIZER], kind).await?;
+    Ok(())
+}

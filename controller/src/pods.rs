@@ -1,0 +1,177 @@
+//! Facts about a pod, read from its status alone: its conditions, readiness, whether it waits for a node, and
+//! what the listener container is doing. Shared by the controllers, which draw their own conclusions.
+
+use crds::constants::LISTENER_CONTAINER_NAME;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::jiff::Timestamp;
+
+/// The pod's conditions (none before the kubelet or scheduler reported any).
+pub fn conditions(pod: &Pod) -> &[PodCondition] {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_deref())
+        .unwrap_or_default()
+}
+
+/// Whether the pod's Ready condition (the latest one) is True.
+pub fn is_ready(pod: &Pod) -> bool {
+    ready_condition(pod).is_some_and(|condition| condition.status == "True")
+}
+
+fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
+    conditions(pod)
+        .iter()
+        .filter(|condition| condition.type_ == "Ready")
+        .max_by_key(|condition| condition.last_transition_time.as_ref().map(|time| time.0))
+}
+
+/// When the pod last became Ready, if it is Ready.
+pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
+    ready_condition(pod)
+        .filter(|condition| condition.status == "True")
+        .and_then(|condition| condition.last_transition_time.as_ref().map(|time| time.0))
+}
+
+/// Whether the scheduler found no node for the pod (so a cluster autoscaler may be adding one).
+pub fn is_waiting_for_node(pod: &Pod) -> bool {
+    conditions(pod).iter().any(|condition| {
+        condition.type_ == "PodScheduled"
+            && condition.status == "False"
+            && condition.reason.as_deref() == Some("Unschedulable")
+    })
+}
+
+/// What the listener container is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    /// Not running yet (or waiting to be restarted).
+    Starting,
+    /// Running since (when known).
+    Running(Option<Timestamp>),
+    /// Evicted or terminated: the pod must be replaced. The text says how it ended.
+    Failed(String),
+}
+
+/// The state of the listener container of `pod`.
+pub fn pod_state(pod: &Pod) -> PodState {
+    let Some(status) = &pod.status else {
+        return PodState::Starting;
+    };
+    if status.reason.as_deref() == Some("Evicted") {
+        return PodState::Failed("was evicted".to_owned());
+    }
+    let container = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == LISTENER_CONTAINER_NAME);
+    let Some(state) = container.and_then(|c| c.state.as_ref()) else {
+        return match status.phase.as_deref() {
+            Some("Failed" | "Succeeded") => PodState::Failed(format!(
+                "ended in phase {}",
+                status.phase.as_deref().unwrap_or_default()
+            )),
+            _ => PodState::Starting,
+        };
+    };
+    if let Some(terminated) = &state.terminated {
+        let reason = terminated
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        return PodState::Failed(format!("exited with code {}{reason}", terminated.exit_code));
+    }
+    if let Some(running) = &state.running {
+        return PodState::Running(running.started_at.as_ref().map(|t| t.0));
+    }
+    PodState::Starting
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use serde_json::json;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).unwrap()
+    }
+
+    fn with_conditions(conditions: Vec<PodCondition>) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                conditions: Some(conditions),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn condition(type_: &str, status: &str, reason: Option<&str>, at: i64) -> PodCondition {
+        PodCondition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.map(str::to_owned),
+            last_transition_time: Some(Time(Timestamp::from_second(at).unwrap())),
+            ..PodCondition::default()
+        }
+    }
+
+    #[test]
+    fn readiness_uses_the_latest_condition() {
+        let pod = with_conditions(vec![
+            condition("Ready", "True", None, 100),
+            condition("Ready", "False", None, 50),
+        ]);
+        assert!(is_ready(&pod));
+        assert_eq!(
+            ready_since(&pod),
+            Some(Timestamp::from_second(100).unwrap())
+        );
+        let pod = with_conditions(vec![condition("Ready", "False", None, 100)]);
+        assert!(!is_ready(&pod));
+        assert_eq!(ready_since(&pod), None);
+        assert!(!is_ready(&Pod::default()));
+    }
+
+    #[test]
+    fn waiting_for_a_node() {
+        assert!(!is_waiting_for_node(&Pod::default()));
+        assert!(!is_waiting_for_node(&with_conditions(vec![])));
+        assert!(is_waiting_for_node(&with_conditions(vec![condition(
+            "PodScheduled",
+            "False",
+            Some("Unschedulable"),
+            1,
+        )])));
+    }
+
+    #[test]
+    fn pod_states() {
+        assert_eq!(pod_state(&pod(json!({}))), PodState::Starting);
+        assert_eq!(
+            pod_state(&pod(json!({"phase": "Failed", "reason": "Evicted"}))),
+            PodState::Failed("was evicted".to_owned())
+        );
+        assert_eq!(
+            pod_state(&pod(json!({"containerStatuses": [{
+                "name": "listener", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
+            }]}))),
+            PodState::Failed("exited with code 1 (Error)".to_owned())
+        );
+        assert!(matches!(
+            pod_state(&pod(json!({"containerStatuses": [{
+                "name": "listener", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}},
+            }]}))),
+            PodState::Running(Some(_))
+        ));
+        assert_eq!(
+            pod_state(&pod(json!({"phase": "Succeeded"}))),
+            PodState::Failed("ended in phase Succeeded".to_owned())
+        );
+    }
+}
