@@ -1,6 +1,7 @@
 //! The crate's error type: one variant per failed operation, each with a bounded metric label and a requeue
 //! delay, so `error_policy` stays one line.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// `Result` with this crate's [`Error`].
@@ -13,7 +14,7 @@ pub enum Error {
     #[error("{kind} has no metadata.{field}")]
     MissingObjectField {
         /// Kind of the object.
-        kind: &'static str,
+        kind: Cow<'static, str>,
         /// The missing field.
         field: &'static str,
     },
@@ -152,7 +153,7 @@ pub enum Error {
     #[error("create {kind} {namespace}/{name}: {}", api_message(source))]
     CreateObject {
         /// Kind.
-        kind: &'static str,
+        kind: Cow<'static, str>,
         /// Namespace.
         namespace: String,
         /// Name (or generateName).
@@ -166,7 +167,7 @@ pub enum Error {
     #[error("delete {kind} {namespace}/{name}: {}", api_message(source))]
     DeleteObject {
         /// Kind.
-        kind: &'static str,
+        kind: Cow<'static, str>,
         /// Namespace.
         namespace: String,
         /// Name.
@@ -180,7 +181,7 @@ pub enum Error {
     #[error("patch {what} of {kind} {namespace}/{name}: {}", api_message(source))]
     PatchObject {
         /// Kind.
-        kind: &'static str,
+        kind: Cow<'static, str>,
         /// What was patched.
         what: &'static str,
         /// Namespace.
@@ -196,7 +197,7 @@ pub enum Error {
     #[error("read {kind} in {namespace}: {}", api_message(source))]
     ReadObjects {
         /// Kind.
-        kind: &'static str,
+        kind: Cow<'static, str>,
         /// Namespace.
         namespace: String,
         /// Cause.
@@ -302,7 +303,7 @@ pub enum Error {
     #[error("the {kind} API is not available (are the CRDs installed?): {source}")]
     CrdMissing {
         /// Kind.
-        kind: &'static str,
+        kind: Cow<'static, str>,
         /// Cause.
         #[source]
         source: Box<kube::Error>,
@@ -312,7 +313,7 @@ pub enum Error {
     #[error("the {kind} watch stopped before its initial list was read")]
     WatchNotReady {
         /// Kind.
-        kind: &'static str,
+        kind: Cow<'static, str>,
     },
 
     /// Building the Kubernetes client failed.
@@ -479,7 +480,7 @@ mod tests {
     #[test]
     fn labels_are_variant_names() {
         let error = Error::CreateObject {
-            kind: "Pod",
+            kind: "Pod".into(),
             namespace: "ns".into(),
             name: "p".into(),
             source: Box::new(api_error(500)),
@@ -502,7 +503,7 @@ mod tests {
             name: "s".into(),
         };
         assert!(Error::Several(vec![missing(), missing()]).is_configuration_problem());
-        let transient = Error::WatchNotReady { kind: "Pod" };
+        let transient = Error::WatchNotReady { kind: "Pod".into() };
         let mixed = Error::Several(vec![missing(), transient]);
         assert!(!mixed.is_configuration_problem());
         assert!(mixed.to_string().starts_with("2 step(s) failed"), "{mixed}");

@@ -1,5 +1,5 @@
 //! Small helpers over the Kubernetes API shared by the reconcilers: finalizer edits with an optimistic check,
-//! idempotent deletes, owner references.
+//! idempotent deletes, owner references. Errors name the object's kind as its type gives it (`K::kind(&())`).
 
 use std::fmt::Debug;
 
@@ -14,38 +14,39 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result, is_status};
 
 /// Name and namespace of a namespaced object read from the API (both always set there).
-pub fn name_and_namespace<K: Resource>(obj: &K, kind: &'static str) -> Result<(String, String)> {
-    let name = obj.meta().name.clone().ok_or(Error::MissingObjectField {
-        kind,
-        field: "name",
-    })?;
+pub fn name_and_namespace<K: Resource<DynamicType = ()>>(obj: &K) -> Result<(String, String)> {
+    let missing = |field| Error::MissingObjectField {
+        kind: K::kind(&()),
+        field,
+    };
+    let name = obj.meta().name.clone().ok_or_else(|| missing("name"))?;
     let namespace = obj
         .meta()
         .namespace
         .clone()
-        .ok_or(Error::MissingObjectField {
-            kind,
-            field: "namespace",
-        })?;
+        .ok_or_else(|| missing("namespace"))?;
     Ok((name, namespace))
 }
 
 /// The controller owner reference pointing at `obj` (needs its uid).
-pub fn controller_ref<K: Resource<DynamicType = ()>>(
-    obj: &K,
-    kind: &'static str,
-) -> Result<OwnerReference> {
+pub fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Result<OwnerReference> {
     obj.controller_owner_ref(&())
-        .ok_or(Error::MissingObjectField { kind, field: "uid" })
+        .ok_or_else(|| Error::MissingObjectField {
+            kind: K::kind(&()),
+            field: "uid",
+        })
 }
 
-/// Whether `obj` is controlled by an object of `kind` named `name` in group `actions.github.com`.
-pub fn is_controlled_by<K: Resource>(obj: &K, kind: &str, name: &str) -> bool {
+/// Whether `obj` is controlled by an `Owner` (kind and apiVersion) named `name`.
+pub fn is_controlled_by<Owner: Resource<DynamicType = ()>>(
+    obj: &impl Resource,
+    name: &str,
+) -> bool {
     obj.owner_references().iter().any(|owner| {
         owner.controller == Some(true)
-            && owner.kind == kind
+            && owner.kind == Owner::kind(&())
             && owner.name == name
-            && owner.api_version == crds::constants::API_VERSION
+            && owner.api_version == Owner::api_version(&())
     })
 }
 
@@ -55,41 +56,19 @@ pub fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
 }
 
 /// Adds those of `finalizers` that `obj` lacks, in one patch; returns whether it sent one.
-pub async fn add_finalizers<K>(
-    api: &Api<K>,
-    obj: &K,
-    finalizers: &[&str],
-    kind: &'static str,
-) -> Result<bool>
+pub async fn add_finalizers<K>(api: &Api<K>, obj: &K, finalizers: &[&str]) -> Result<bool>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
-    edit_finalizers(
-        api,
-        obj,
-        with_finalizers(obj.finalizers(), finalizers),
-        kind,
-    )
-    .await
+    edit_finalizers(api, obj, with_finalizers(obj.finalizers(), finalizers)).await
 }
 
 /// Removes `finalizers` from `obj`, in one patch, keeping everyone else's; returns whether it sent one.
-pub async fn remove_finalizers<K>(
-    api: &Api<K>,
-    obj: &K,
-    finalizers: &[&str],
-    kind: &'static str,
-) -> Result<bool>
+pub async fn remove_finalizers<K>(api: &Api<K>, obj: &K, finalizers: &[&str]) -> Result<bool>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
-    edit_finalizers(
-        api,
-        obj,
-        without_finalizers(obj.finalizers(), finalizers),
-        kind,
-    )
-    .await
+    edit_finalizers(api, obj, without_finalizers(obj.finalizers(), finalizers)).await
 }
 
 /// `current` plus those of `add` it lacks, in order; `None` when nothing is missing.
@@ -113,31 +92,21 @@ fn without_finalizers(current: &[String], remove: &[&str]) -> Option<Vec<String>
     (wanted.len() != current.len()).then_some(wanted)
 }
 
-async fn edit_finalizers<K>(
-    api: &Api<K>,
-    obj: &K,
-    wanted: Option<Vec<String>>,
-    kind: &'static str,
-) -> Result<bool>
+async fn edit_finalizers<K>(api: &Api<K>, obj: &K, wanted: Option<Vec<String>>) -> Result<bool>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     match wanted {
-        Some(wanted) => set_finalizers(api, obj, wanted, kind).await.map(|()| true),
+        Some(wanted) => set_finalizers(api, obj, wanted).await.map(|()| true),
         None => Ok(false),
     }
 }
 
 /// Replaces `obj`'s finalizers with `wanted`, failing (so the caller retries with fresh data) if the list
 /// changed since `obj` was read; a JSON patch `test` makes the check without locking the whole object.
-async fn set_finalizers<K>(
-    api: &Api<K>,
-    obj: &K,
-    wanted: Vec<String>,
-    kind: &'static str,
-) -> Result<()>
+async fn set_finalizers<K>(api: &Api<K>, obj: &K, wanted: Vec<String>) -> Result<()>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     let current = obj.finalizers();
     let path = |p: &str| p.parse::<PointerBuf>().unwrap_or_default();
@@ -164,7 +133,7 @@ where
             }),
         ]
     };
-    let (name, namespace) = name_and_namespace(obj, kind)?;
+    let (name, namespace) = name_and_namespace(obj)?;
     match api
         .patch(
             &name,
@@ -177,7 +146,7 @@ where
         // Gone already: nothing left to finalize.
         Err(error) if is_status(&error, 404) => Ok(()),
         Err(source) => Err(Error::PatchObject {
-            kind,
+            kind: K::kind(&()),
             what: "finalizers",
             namespace,
             name,
@@ -187,25 +156,24 @@ where
 }
 
 /// Deletes `name` unless it is already gone; returns whether a delete was issued.
-pub async fn delete_if_present<K>(
-    api: &Api<K>,
-    name: &str,
-    namespace: &str,
-    kind: &'static str,
-) -> Result<bool>
+pub async fn delete_if_present<K>(api: &Api<K>, name: &str, namespace: &str) -> Result<bool>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(true),
         Err(error) if is_status(&error, 404) => Ok(false),
-        Err(source) => Err(delete_error(kind, namespace, name, source)),
+        Err(source) => Err(delete_error::<K>(namespace, name, source)),
     }
 }
 
-fn delete_error(kind: &'static str, namespace: &str, name: &str, source: kube::Error) -> Error {
+fn delete_error<K: Resource<DynamicType = ()>>(
+    namespace: &str,
+    name: &str,
+    source: kube::Error,
+) -> Error {
     Error::DeleteObject {
-        kind,
+        kind: K::kind(&()),
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         source: Box::new(source),
@@ -223,7 +191,6 @@ pub async fn delete_terminated_pod(
     namespace: &str,
     uid: &str,
 ) -> Result<bool> {
-    let kind = <Pod as k8s_openapi::Resource>::KIND;
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
@@ -235,8 +202,8 @@ pub async fn delete_terminated_pod(
     match api.delete(name, &params).await {
         Ok(_) => Ok(true),
         Err(error) if is_status(&error, 404) => Ok(false),
-        Err(error) if is_status(&error, 409) => delete_if_present(api, name, namespace, kind).await,
-        Err(source) => Err(delete_error(kind, namespace, name, source)),
+        Err(error) if is_status(&error, 409) => delete_if_present(api, name, namespace).await,
+        Err(source) => Err(delete_error::<Pod>(namespace, name, source)),
     }
 }
 
@@ -291,6 +258,43 @@ mod tests {
         );
         assert_eq!(with_finalizers(&list(&["b", "a"]), &["a", "b"]), None);
         assert_eq!(with_finalizers(&list(&["x"]), &[]), None);
+    }
+
+    /// The kind in errors comes from the type and reads as the literal kinds did.
+    #[test]
+    fn errors_name_the_kind_of_the_type() {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        let error = name_and_namespace(&pod).unwrap_err();
+        assert_eq!(error.to_string(), "Pod has no metadata.namespace");
+        let set = crds::EphemeralRunnerSet::new("s", Default::default());
+        let error = controller_ref(&set).unwrap_err();
+        assert_eq!(error.to_string(), "EphemeralRunnerSet has no metadata.uid");
+        let error = delete_error::<crds::AutoscalingListener>(
+            "ns",
+            "l",
+            kube::Error::Api(
+                kube::core::Status::failure("boom", "Reason")
+                    .with_code(500)
+                    .boxed(),
+            ),
+        );
+        assert_eq!(error.to_string(), "delete AutoscalingListener ns/l: boom");
+    }
+
+    #[test]
+    fn controlled_by_compares_the_owner_type_and_name() {
+        let mut set = crds::EphemeralRunnerSet::new("set", Default::default());
+        set.metadata.uid = Some("u".into());
+        let mut runner = crds::EphemeralRunner::new("r", Default::default());
+        runner.metadata.owner_references = Some(vec![controller_ref(&set).unwrap()]);
+        assert!(is_controlled_by::<crds::EphemeralRunnerSet>(&runner, "set"));
+        assert!(!is_controlled_by::<crds::EphemeralRunnerSet>(
+            &runner, "other"
+        ));
+        assert!(!is_controlled_by::<crds::AutoscalingRunnerSet>(
+            &runner, "set"
+        ));
     }
 
     #[test]

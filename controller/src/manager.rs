@@ -113,22 +113,26 @@ impl Manager {
 
     /// Checks that the CRDs are served, so a missing installation fails fast with a hint.
     async fn preflight(&self) -> Result<()> {
-        let probe = ListParams::default().limit(1);
-        self.api::<EphemeralRunnerSet>()
-            .list(&probe)
+        self.probe::<EphemeralRunnerSet>().await?;
+        self.probe::<EphemeralRunner>().await
+    }
+
+    /// Lists at most one `K`: fails when its CRD is not served.
+    async fn probe<K>(&self) -> Result<()>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        self.api::<K>()
+            .list(&ListParams::default().limit(1))
             .await
+            .map(drop)
             .map_err(|source| Error::CrdMissing {
-                kind: "EphemeralRunnerSet",
+                kind: K::kind(&()),
                 source: Box::new(source),
-            })?;
-        self.api::<EphemeralRunner>()
-            .list(&probe)
-            .await
-            .map_err(|source| Error::CrdMissing {
-                kind: "EphemeralRunner",
-                source: Box::new(source),
-            })?;
-        Ok(())
+            })
     }
 
     /// Runs every controller until `shutdown` is cancelled, then lets in-flight reconciles finish.
@@ -502,22 +506,9 @@ impl ScaleSetWatches {
 
 impl ScaleSetParts {
     async fn wait_ready(&self) -> Result<()> {
-        self.runner_set_store
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::WatchNotReady {
-                kind: "AutoscalingRunnerSet",
-            })?;
-        self.listener_store
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::WatchNotReady {
-                kind: "AutoscalingListener",
-            })?;
-        self.pod_store
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::WatchNotReady { kind: "Pod" })
+        listed(&self.runner_set_store).await?;
+        listed(&self.listener_store).await?;
+        listed(&self.pod_store).await
     }
 
     async fn run(self, ctx: Arc<Context>, shutdown: &CancellationToken) {
@@ -568,21 +559,20 @@ async fn wait_ready(
     runners: &Store<EphemeralRunner>,
     pods: &Store<Pod>,
 ) -> Result<()> {
-    sets.wait_until_ready()
-        .await
-        .map_err(|_| Error::WatchNotReady {
-            kind: "EphemeralRunnerSet",
-        })?;
-    runners
+    listed(sets).await?;
+    listed(runners).await?;
+    listed(pods).await
+}
+
+/// Waits until `store`'s watch has delivered its initial list.
+async fn listed<K>(store: &Store<K>) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
         .wait_until_ready()
         .await
-        .map_err(|_| Error::WatchNotReady {
-            kind: "EphemeralRunner",
-        })?;
-    pods.wait_until_ready()
-        .await
-        .map_err(|_| Error::WatchNotReady { kind: "Pod" })?;
-    Ok(())
+        .map_err(|_| Error::WatchNotReady { kind: K::kind(&()) })
 }
 
 /// The owner of kind `O` that controls `obj`.

@@ -52,7 +52,6 @@ use crate::metrics::ScaleSetLabels;
 use crate::options::AL_FIELD_MANAGER;
 use crate::pods::{PodState, pod_state};
 
-const KIND: &str = "AutoscalingListener";
 /// Come back soon: waiting for something to go away.
 const SHORT_WAIT: Duration = Duration::from_secs(1);
 /// A pod running this long without failing resets the failure count.
@@ -72,7 +71,6 @@ pub async fn reconcile(
         &step.listeners,
         &listener,
         &[AUTOSCALING_LISTENER_FINALIZER],
-        KIND,
     )
     .await?
     {
@@ -81,19 +79,17 @@ pub async fn reconcile(
     let Some(runner_set) = step.runner_set().await? else {
         // Its scale set is gone (or the listener is an orphan of a renamed one): nothing to listen for.
         tracing::info!("AutoscalingRunnerSet is gone; deleting the listener");
-        delete_if_present(&step.listeners, &step.name, &step.namespace, KIND).await?;
+        delete_if_present(&step.listeners, &step.name, &step.namespace).await?;
         return Ok(Action::await_change());
     };
-    let owner = controller_ref(&*listener, KIND)?;
+    let owner = controller_ref(&*listener)?;
     let id = ListenerIdentity {
         listener: &listener,
         owner,
         excluded_prefixes: &ctx.base.options.exclude_label_propagation_prefixes,
     };
-    let account: ServiceAccount = step
-        .apply(&step.accounts(), &service_account(&id)?, "ServiceAccount")
-        .await?;
-    let role: Role = step.apply(&step.roles(), &role(&id)?, "Role").await?;
+    let account: ServiceAccount = step.apply(&step.accounts(), &service_account(&id)?).await?;
+    let role: Role = step.apply(&step.roles(), &role(&id)?).await?;
     let binding = step.ensure_role_binding(&role_binding(&id)?).await?;
     step.reconcile_status_rbac(&id).await?;
     let proxy_hash = step.reconcile_proxy_secret(&id).await?;
@@ -144,7 +140,7 @@ struct Step<'a> {
 
 impl<'a> Step<'a> {
     fn new(listener: &'a AutoscalingListener, ctx: &'a ListenerContext) -> Result<Self> {
-        let (name, namespace) = name_and_namespace(listener, KIND)?;
+        let (name, namespace) = name_and_namespace(listener)?;
         let client = ctx.base.client.clone();
         Ok(Self {
             listener,
@@ -184,7 +180,7 @@ impl<'a> Step<'a> {
             .get_opt(&spec.autoscaling_runner_set_name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind: "AutoscalingRunnerSet",
+                kind: AutoscalingRunnerSet::kind(&()),
                 namespace: spec.autoscaling_runner_set_namespace.clone(),
                 source: Box::new(source),
             })?;
@@ -197,9 +193,9 @@ impl<'a> Step<'a> {
     }
 
     /// Server-side applies `obj` (the whole desired object) with this controller's field manager.
-    async fn apply<K>(&self, api: &Api<K>, obj: &K, kind: &'static str) -> Result<K>
+    async fn apply<K>(&self, api: &Api<K>, obj: &K) -> Result<K>
     where
-        K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
     {
         let name = obj.meta().name.clone().unwrap_or_default();
         api.patch(
@@ -209,7 +205,7 @@ impl<'a> Step<'a> {
         )
         .await
         .map_err(|source| Error::PatchObject {
-            kind,
+            kind: K::kind(&()),
             what: "server-side apply",
             namespace: obj.meta().namespace.clone().unwrap_or_default(),
             name,
@@ -226,9 +222,8 @@ impl<'a> Step<'a> {
         let roles: Api<Role> = Api::namespaced(client.clone(), &self.namespace);
         let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &self.namespace);
         let ensured = async {
-            self.ensure(&roles, &status_role(id)?, "Role").await?;
-            self.ensure(&bindings, &status_role_binding(id)?, "RoleBinding")
-                .await
+            self.ensure(&roles, &status_role(id)?).await?;
+            self.ensure(&bindings, &status_role_binding(id)?).await
         }
         .await;
         match ensured {
@@ -236,7 +231,7 @@ impl<'a> Step<'a> {
                 Error::PatchObject { source, kind, .. } | Error::ReadObjects { source, kind, .. },
             ) if is_status(&source, 403) => {
                 tracing::warn!(
-                    kind,
+                    kind = &*kind,
                     error = %source,
                     "the manager may not grant the listener the right to report its state (Roles and \
                      RoleBindings in the controller namespace); the listener runs without reporting"
@@ -249,16 +244,16 @@ impl<'a> Step<'a> {
 
     /// Applies `desired` unless it is in place as this controller built it (same integrity hash, its labels,
     /// its owner): a read instead of a write on every pass of every listener.
-    async fn ensure<K>(&self, api: &Api<K>, desired: &K, kind: &'static str) -> Result<()>
+    async fn ensure<K>(&self, api: &Api<K>, desired: &K) -> Result<()>
     where
-        K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
     {
         let name = desired.meta().name.clone().unwrap_or_default();
         let existing = api
             .get_opt(&name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind,
+                kind: K::kind(&()),
                 namespace: self.namespace.clone(),
                 source: Box::new(source),
             })?;
@@ -271,7 +266,7 @@ impl<'a> Step<'a> {
                     .all(|(key, value)| existing.labels().get(key) == Some(value))
         });
         if !in_place {
-            self.apply(api, desired, kind).await?;
+            self.apply(api, desired).await?;
         }
         Ok(())
     }
@@ -283,14 +278,14 @@ impl<'a> Step<'a> {
             .get_opt(&self.name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind: "RoleBinding",
+                kind: RoleBinding::kind(&()),
                 namespace: self.runner_set_namespace().to_owned(),
                 source: Box::new(source),
             })?;
         if existing.is_some_and(|binding| binding.role_ref != desired.role_ref) {
-            delete_if_present(&api, &self.name, self.runner_set_namespace(), "RoleBinding").await?;
+            delete_if_present(&api, &self.name, self.runner_set_namespace()).await?;
         }
-        self.apply(&api, desired, "RoleBinding").await
+        self.apply(&api, desired).await
     }
 
     fn secret(
@@ -306,7 +301,7 @@ impl<'a> Step<'a> {
                 namespace: Some(self.namespace.clone()),
                 labels: Some(labels),
                 annotations: Some(annotations),
-                owner_references: Some(vec![controller_ref(self.listener, KIND)?]),
+                owner_references: Some(vec![controller_ref(self.listener)?]),
                 ..ObjectMeta::default()
             },
             data: Some(data),
@@ -319,7 +314,7 @@ impl<'a> Step<'a> {
     async fn reconcile_proxy_secret(&self, id: &ListenerIdentity<'_>) -> Result<Option<String>> {
         let name = listener_proxy_secret_name(&self.name);
         let Some(proxy) = &self.listener.spec.proxy else {
-            delete_if_present(&self.secrets, &name, &self.namespace, "Secret").await?;
+            delete_if_present(&self.secrets, &name, &self.namespace).await?;
             return Ok(None);
         };
         let data = crate::proxy::secret_data(
@@ -336,7 +331,7 @@ impl<'a> Step<'a> {
             .collect();
         let annotations = BTreeMap::from([(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.clone())]);
         let secret = self.secret(name, proxy_secret_labels(id.listener), annotations, data)?;
-        self.apply(&self.secrets, &secret, "Secret").await?;
+        self.apply(&self.secrets, &secret).await?;
         Ok(Some(hash))
     }
 
@@ -415,7 +410,7 @@ impl<'a> Step<'a> {
             annotations,
             data,
         )?;
-        self.apply(&self.secrets, &secret, "Secret").await?;
+        self.apply(&self.secrets, &secret).await?;
         Ok(hash)
     }
 
@@ -487,7 +482,7 @@ impl<'a> Step<'a> {
             .get_opt(&self.name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind: "Pod",
+                kind: Pod::kind(&()),
                 namespace: self.namespace.clone(),
                 source: Box::new(source),
             })
@@ -519,7 +514,7 @@ impl<'a> Step<'a> {
             self.set_running(false);
             // A new configuration deserves a fresh start, not the old failures' backoff.
             self.forget_pod_failures().await?;
-            delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+            delete_if_present(&self.pods, &self.name, &self.namespace).await?;
             return Ok(Action::requeue(SHORT_WAIT));
         }
         match pod_state(&pod) {
@@ -558,7 +553,7 @@ impl<'a> Step<'a> {
                         ),
                     )
                     .await;
-                delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+                delete_if_present(&self.pods, &self.name, &self.namespace).await?;
                 Ok(Action::requeue(delay.max(SHORT_WAIT)))
             }
             PodState::Running(since) => {
@@ -582,7 +577,7 @@ impl<'a> Step<'a> {
                 .get_opt(&self.name)
                 .await
                 .map_err(|source| Error::ReadObjects {
-                    kind: KIND,
+                    kind: AutoscalingListener::kind(&()),
                     namespace: self.namespace.clone(),
                     source: Box::new(source),
                 })?;
@@ -602,7 +597,7 @@ impl<'a> Step<'a> {
             .await
             .map(drop)
             .map_err(|source| Error::PatchObject {
-                kind: KIND,
+                kind: AutoscalingListener::kind(&()),
                 what: "status",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
@@ -630,7 +625,7 @@ impl<'a> Step<'a> {
             // Created by an earlier pass the cache or this read missed; the next pass compares it.
             Err(error) if is_status(&error, 409) => Ok(()),
             Err(source) => Err(Error::CreateObject {
-                kind: "Pod",
+                kind: Pod::kind(&()),
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
                 source: Box::new(source),
@@ -644,43 +639,25 @@ impl<'a> Step<'a> {
             return Ok(Action::await_change());
         }
         let mut remaining = false;
-        remaining |= delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+        remaining |= delete_if_present(&self.pods, &self.name, &self.namespace).await?;
         self.set_running(false);
         remaining |= delete_if_present(
             &self.secrets,
             &listener_config_secret_name(&self.name),
             &self.namespace,
-            "Secret",
         )
         .await?;
         remaining |= delete_if_present(
             &self.secrets,
             &listener_proxy_secret_name(&self.name),
             &self.namespace,
-            "Secret",
         )
         .await?;
-        remaining |= delete_if_present(
-            &self.bindings(),
-            &self.name,
-            self.runner_set_namespace(),
-            "RoleBinding",
-        )
-        .await?;
-        remaining |= delete_if_present(
-            &self.roles(),
-            &self.name,
-            self.runner_set_namespace(),
-            "Role",
-        )
-        .await?;
-        remaining |= delete_if_present(
-            &self.accounts(),
-            &self.name,
-            &self.namespace,
-            "ServiceAccount",
-        )
-        .await?;
+        remaining |=
+            delete_if_present(&self.bindings(), &self.name, self.runner_set_namespace()).await?;
+        remaining |=
+            delete_if_present(&self.roles(), &self.name, self.runner_set_namespace()).await?;
+        remaining |= delete_if_present(&self.accounts(), &self.name, &self.namespace).await?;
         if remaining {
             // Deletes were issued (or objects are still terminating): confirm they are gone next pass.
             return Ok(Action::requeue(SHORT_WAIT));
@@ -689,7 +666,6 @@ impl<'a> Step<'a> {
             &self.listeners,
             self.listener,
             &[AUTOSCALING_LISTENER_FINALIZER],
-            KIND,
         )
         .await?;
         Ok(Action::await_change())

@@ -25,7 +25,7 @@ use crds::schedule::MinRunnersSchedule;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -121,7 +121,7 @@ fn with_hash(mut annotations: BTreeMap<String, String>, hash: String) -> BTreeMa
 pub fn service_account(id: &ListenerIdentity<'_>) -> Result<ServiceAccount> {
     let meta = id.listener.spec.service_account_metadata.as_ref();
     // Nothing of the account's content is generated, so its hash only covers its (constant) shape.
-    let hash = integrity_hash(&json!({"kind": "ServiceAccount"}))?;
+    let hash = integrity_hash(&json!({"kind": ServiceAccount::kind(&())}))?;
     Ok(ServiceAccount {
         metadata: ObjectMeta {
             name: Some(id.name()),
@@ -206,11 +206,11 @@ pub fn status_role_binding(id: &ListenerIdentity<'_>) -> Result<RoleBinding> {
     let name = crds::names::listener_status_role_name(&id.name());
     let role_ref = RoleRef {
         api_group: Some("rbac.authorization.k8s.io".to_owned()),
-        kind: "Role".to_owned(),
+        kind: Role::kind(&()).into_owned(),
         name: name.clone(),
     };
     let subjects = vec![Subject {
-        kind: "ServiceAccount".to_owned(),
+        kind: ServiceAccount::kind(&()).into_owned(),
         name: id.name(),
         namespace: Some(id.namespace()),
         ..Subject::default()
@@ -256,11 +256,11 @@ pub fn role(id: &ListenerIdentity<'_>) -> Result<Role> {
 pub fn role_binding(id: &ListenerIdentity<'_>) -> Result<RoleBinding> {
     let role_ref = RoleRef {
         api_group: Some("rbac.authorization.k8s.io".to_owned()),
-        kind: "Role".to_owned(),
+        kind: Role::kind(&()).into_owned(),
         name: id.name(),
     };
     let subjects = vec![Subject {
-        kind: "ServiceAccount".to_owned(),
+        kind: ServiceAccount::kind(&()).into_owned(),
         name: id.name(),
         namespace: Some(id.namespace()),
         ..Subject::default()

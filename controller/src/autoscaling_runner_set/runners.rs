@@ -17,12 +17,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crds::constants::{phase, reason};
-use crds::{AutoscalingRunnerSet, EphemeralRunner};
+use crds::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use futures::{Stream, StreamExt, future, stream};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
 
 use super::conditions::Finding;
 
@@ -291,10 +291,9 @@ pub fn runners_finding(blocked: &[(String, Blockage)], total: usize) -> Result<S
 
 /// The AutoscalingRunnerSet a runner belongs to: its EphemeralRunnerSet has the set's name.
 pub fn runner_set_of_runner(runner: &EphemeralRunner) -> Option<ObjectRef<AutoscalingRunnerSet>> {
-    let owner = runner
-        .owner_references()
-        .iter()
-        .find(|owner| owner.controller == Some(true) && owner.kind == "EphemeralRunnerSet")?;
+    let owner = runner.owner_references().iter().find(|owner| {
+        owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
+    })?;
     Some(ObjectRef::new(&owner.name).within(&runner.namespace()?))
 }
 

@@ -20,16 +20,17 @@
 //! Status edits are typed merge patches of the changed fields only, under this controller's field manager: the
 //! listener writes the job fields of the same status, and a merge patch never touches fields it does not name.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crds::EphemeralRunner;
 use crds::constants::{
     EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION,
     RUNNER_CONTAINER_NAME, RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
     phase, reason,
 };
+use crds::{EphemeralRunner, EphemeralRunnerSet};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -60,8 +61,6 @@ use crate::kubeutil::{
 use crate::metrics::{RunnerLabels, RunnerReasonLabels};
 use crate::options::{ER_FIELD_MANAGER, ER_JOB_METADATA_FIELD_MANAGER};
 
-/// Kind name used in errors.
-const KIND: &str = "EphemeralRunner";
 /// The runner's two finalizers: its children's cleanup and its deregistration.
 const RUNNER_FINALIZERS: [&str; 2] = [
     EPHEMERAL_RUNNER_FINALIZER,
@@ -308,7 +307,7 @@ struct Step<'a> {
 impl<'a> Step<'a> {
     /// A pass over `runner` whose writes go through `client` (the main lane's or the teardown lane's).
     fn new(runner: &'a EphemeralRunner, ctx: &'a Context, client: kube::Client) -> Result<Self> {
-        let (name, namespace) = name_and_namespace(runner, KIND)?;
+        let (name, namespace) = name_and_namespace(runner)?;
         Ok(Self {
             runner,
             ctx,
@@ -356,12 +355,9 @@ impl<'a> Step<'a> {
         let Some(made_from) = self.runner.annotations().get(INTEGRITY_HASH_ANNOTATION) else {
             return false;
         };
-        let Some(owner) = self
-            .runner
-            .owner_references()
-            .iter()
-            .find(|owner| owner.controller == Some(true) && owner.kind == "EphemeralRunnerSet")
-        else {
+        let Some(owner) = self.runner.owner_references().iter().find(|owner| {
+            owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
+        }) else {
             return false;
         };
         self.ctx
@@ -455,7 +451,7 @@ impl<'a> Step<'a> {
                     .wrote(&self.uid, events_before, written);
             })
             .map_err(|source| Error::PatchObject {
-                kind: KIND,
+                kind: EphemeralRunner::kind(&()),
                 what: "status",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
@@ -465,13 +461,13 @@ impl<'a> Step<'a> {
 
     /// Asks for this runner's deletion (idempotent: the object is gone or going either way).
     async fn delete_self(&self) -> Result<()> {
-        delete_if_present(&self.api, &self.name, &self.namespace, KIND).await?;
+        delete_if_present(&self.api, &self.name, &self.namespace).await?;
         Ok(())
     }
 
     /// Adds whichever of the two finalizers is missing (both in one patch, unlike ARC).
     async fn ensure_finalizers(&self) -> Result<()> {
-        add_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS, KIND).await?;
+        add_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS).await?;
         Ok(())
     }
 
@@ -497,7 +493,7 @@ impl<'a> Step<'a> {
             .get_opt(&self.name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind: "Pod",
+                kind: Pod::kind(&()),
                 namespace: self.namespace.clone(),
                 source: Box::new(source),
             })
@@ -511,7 +507,7 @@ impl<'a> Step<'a> {
             .get_opt(&self.name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind: KIND,
+                kind: EphemeralRunner::kind(&()),
                 namespace: self.namespace.clone(),
                 source: Box::new(source),
             })?;
@@ -552,7 +548,7 @@ impl<'a> Step<'a> {
             }
             Err(error) => return Err(error),
         };
-        let owner = controller_ref(self.runner, KIND)?;
+        let owner = controller_ref(self.runner)?;
         let secret = jit_secret(
             self.runner,
             owner,
@@ -571,7 +567,7 @@ impl<'a> Step<'a> {
                     tracing::warn!(%error, "removing an unstored registration failed");
                 }
                 Err(Error::CreateObject {
-                    kind: "Secret",
+                    kind: Secret::kind(&()),
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
                     source: Box::new(source),
@@ -665,7 +661,7 @@ impl<'a> Step<'a> {
         if removal == Removal::JobStillRunning {
             return Ok(removal);
         }
-        delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
+        delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         if self.status().runner_id != 0 {
             self.report_pod_taken(runner_id, "is gone").await;
         }
@@ -809,7 +805,7 @@ impl<'a> Step<'a> {
 
     /// The runner pod, or why it cannot be built (the runner is then marked Failed).
     fn build_pod(&self) -> Result<std::result::Result<Pod, String>> {
-        let owner = controller_ref(self.runner, KIND)?;
+        let owner = controller_ref(self.runner)?;
         Ok(
             desired_pod(self.runner, owner, &self.ctx.options.build_version)
                 .map_err(|problem| format!("Failed to create the pod: {problem}")),
@@ -874,7 +870,7 @@ impl<'a> Step<'a> {
                 match self.read_pod().await? {
                     Some(pod) => self.handle_pod(&pod, Some(identity)).await,
                     None => Err(Error::CreateObject {
-                        kind: "Pod",
+                        kind: Pod::kind(&()),
                         namespace: self.namespace.clone(),
                         name: self.name.clone(),
                         source: Box::new(error),
@@ -907,7 +903,7 @@ impl<'a> Step<'a> {
             CreateRejection::Forbidden(message) => ("forbidden", message),
             CreateRejection::AlreadyExists | CreateRejection::Other => {
                 return Err(Error::CreateObject {
-                    kind: "Pod",
+                    kind: Pod::kind(&()),
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
                     source: Box::new(error),
@@ -919,7 +915,7 @@ impl<'a> Step<'a> {
                 .await?
                 .remove_runner(identity.runner_id)
                 .await?;
-            delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
+            delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         }
         self.pod_rejected(class, message).await
     }
@@ -1015,7 +1011,7 @@ impl<'a> Step<'a> {
         let status = self.status();
         if status.failures.contains_key(&pod_uid) {
             // Already handled; its deletion event brings the runner back.
-            delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+            delete_if_present(&self.pods, &self.name, &self.namespace).await?;
             return Ok(Action::requeue(self.ctx.options.resync_interval));
         }
         if let Some(metadata) = job_metadata(&status)
@@ -1057,8 +1053,8 @@ impl<'a> Step<'a> {
         uid: &str,
     ) -> Result<()> {
         let patch = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
+            "apiVersion": Pod::api_version(&()),
+            "kind": Pod::kind(&()),
             "metadata": {
                 "name": self.name,
                 "uid": uid,
@@ -1079,7 +1075,7 @@ impl<'a> Step<'a> {
             // Gone (404), or the name now belongs to another pod (409): its own pass labels that one.
             Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(()),
             Err(source) => Err(Error::PatchObject {
-                kind: "Pod",
+                kind: Pod::kind(&()),
                 what: "job metadata",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
@@ -1189,7 +1185,7 @@ impl<'a> Step<'a> {
             self.delete_self().await?;
             return Ok(Action::await_change());
         }
-        delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret").await?;
+        delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         let pod_uid = pod.uid().unwrap_or_default();
         let mut patch = StatusPatch {
             ready: Some(false),
@@ -1233,7 +1229,7 @@ impl<'a> Step<'a> {
             ),
         )
         .await;
-        delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await?;
+        delete_if_present(&self.pods, &self.name, &self.namespace).await?;
         // The pod's deletion event brings the runner back; the backoff is read from the status then.
         Ok(Action::requeue(delay.max(Duration::from_secs(1))))
     }
@@ -1253,10 +1249,10 @@ impl<'a> Step<'a> {
                 Some(uid) => {
                     delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid).await
                 }
-                None => delete_if_present(&self.pods, &self.name, &self.namespace, "Pod").await,
+                None => delete_if_present(&self.pods, &self.name, &self.namespace).await,
             }
         };
-        let secret = delete_if_present(&self.secrets, &self.name, &self.namespace, "Secret");
+        let secret = delete_if_present(&self.secrets, &self.name, &self.namespace);
         futures::try_join!(pod, secret)?;
         Ok(())
     }
@@ -1284,7 +1280,7 @@ impl<'a> Step<'a> {
         }
         // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still finalize
         // it once more, and then need not ask the service again.
-        remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS, KIND).await?;
+        remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS).await?;
         // Finalizing follows a deletion request (the cached copy's or this pass's own): the object is gone now.
         self.ctx.runner_memory.finalized(&self.uid);
         Ok(Action::await_change())
@@ -1345,7 +1341,7 @@ impl<'a> Step<'a> {
     /// Pods and Secrets the runner's container hooks created (label `runner-pod=<runner name>`).
     async fn delete_hook_objects(&self) -> Result<()> {
         let selector = ListParams::default().labels(&format!("{RUNNER_POD_LABEL}={}", self.name));
-        let read_error = |kind: &'static str| {
+        let read_error = |kind: Cow<'static, str>| {
             let namespace = self.namespace.clone();
             move |source| Error::ReadObjects {
                 kind,
@@ -1353,25 +1349,29 @@ impl<'a> Step<'a> {
                 source: Box::new(source),
             }
         };
-        let pods = self.pods.list(&selector).await.map_err(read_error("Pod"))?;
+        let pods = self
+            .pods
+            .list(&selector)
+            .await
+            .map_err(read_error(Pod::kind(&())))?;
         for pod in pods
             .items
             .iter()
             .filter(|pod| pod.meta().deletion_timestamp.is_none())
         {
-            delete_if_present(&self.pods, &pod.name_any(), &self.namespace, "Pod").await?;
+            delete_if_present(&self.pods, &pod.name_any(), &self.namespace).await?;
         }
         let secrets = self
             .secrets
             .list(&selector)
             .await
-            .map_err(read_error("Secret"))?;
+            .map_err(read_error(Secret::kind(&())))?;
         for secret in secrets
             .items
             .iter()
             .filter(|secret| secret.meta().deletion_timestamp.is_none())
         {
-            delete_if_present(&self.secrets, &secret.name_any(), &self.namespace, "Secret").await?;
+            delete_if_present(&self.secrets, &secret.name_any(), &self.namespace).await?;
         }
         Ok(())
     }

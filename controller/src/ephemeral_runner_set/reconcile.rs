@@ -49,8 +49,6 @@ use crate::kubeutil::{
 use crate::metrics::{RunnerLabels, ScaleSetLabels};
 use crate::options::ERS_FIELD_MANAGER;
 
-const KIND: &str = "EphemeralRunnerSet";
-
 /// Reconciles one EphemeralRunnerSet.
 #[tracing::instrument(skip(set, ctx), fields(set = %set.name_any(), namespace = set.namespace().unwrap_or_default()))]
 pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action> {
@@ -112,7 +110,7 @@ struct SetStep<'a> {
 
 impl<'a> SetStep<'a> {
     fn new(set: &'a EphemeralRunnerSet, ctx: &'a Context) -> Result<Self> {
-        let (name, namespace) = name_and_namespace(set, KIND)?;
+        let (name, namespace) = name_and_namespace(set)?;
         let client = ctx.client.clone();
         Ok(Self {
             set,
@@ -130,7 +128,7 @@ impl<'a> SetStep<'a> {
     fn children(&self) -> Vec<Arc<EphemeralRunner>> {
         self.ctx.stores.runners.state_filter(|runner| {
             runner.metadata.namespace.as_deref() == Some(self.namespace.as_str())
-                && is_controlled_by(runner, KIND, &self.name)
+                && is_controlled_by::<EphemeralRunnerSet>(runner, &self.name)
         })
     }
 
@@ -166,7 +164,7 @@ impl<'a> SetStep<'a> {
     }
 
     async fn ensure_finalizer(&self) -> Result<()> {
-        add_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER], KIND).await?;
+        add_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER]).await?;
         Ok(())
     }
 
@@ -177,7 +175,7 @@ impl<'a> SetStep<'a> {
             .await
             .map(drop)
             .map_err(|source| Error::PatchObject {
-                kind: KIND,
+                kind: EphemeralRunnerSet::kind(&()),
                 what: "integrity hash",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
@@ -211,7 +209,7 @@ impl<'a> SetStep<'a> {
                 annotations: Some(
                     [(INTEGRITY_HASH_ANNOTATION.to_owned(), integrity_hash(&data)?)].into(),
                 ),
-                owner_references: Some(vec![controller_ref(self.set, KIND)?]),
+                owner_references: Some(vec![controller_ref(self.set)?]),
                 ..ObjectMeta::default()
             },
             data: Some(
@@ -225,8 +223,8 @@ impl<'a> SetStep<'a> {
             what: "proxy Secret",
             source,
         })?;
-        body["apiVersion"] = json!("v1");
-        body["kind"] = json!("Secret");
+        body["apiVersion"] = json!(Secret::api_version(&()));
+        body["kind"] = json!(Secret::kind(&()));
         self.secrets
             .patch(
                 &self.proxy_secret_name(),
@@ -236,7 +234,7 @@ impl<'a> SetStep<'a> {
             .await
             .map(drop)
             .map_err(|source| Error::PatchObject {
-                kind: "Secret",
+                kind: Secret::kind(&()),
                 what: "proxy data",
                 namespace: self.namespace.clone(),
                 name: self.proxy_secret_name(),
@@ -306,13 +304,8 @@ impl<'a> SetStep<'a> {
         }
         // Finished runners go whenever a scaling step ran; failures here are only logged, as in ARC.
         for runner in &census.finished {
-            if let Err(error) = delete_if_present(
-                &self.runners,
-                &runner.name_any(),
-                &self.namespace,
-                "EphemeralRunner",
-            )
-            .await
+            if let Err(error) =
+                delete_if_present(&self.runners, &runner.name_any(), &self.namespace).await
             {
                 tracing::warn!(%error, "deleting a finished runner failed");
             }
@@ -335,7 +328,7 @@ impl<'a> SetStep<'a> {
             .await
             .map(drop)
             .map_err(|source| Error::PatchObject {
-                kind: KIND,
+                kind: EphemeralRunnerSet::kind(&()),
                 what: "applied generation",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
@@ -344,7 +337,7 @@ impl<'a> SetStep<'a> {
     }
 
     async fn create_runners(&self, count: usize) -> Result<()> {
-        let owner = controller_ref(self.set, KIND)?;
+        let owner = controller_ref(self.set)?;
         let template = desired_runner(
             self.set,
             owner,
@@ -360,7 +353,7 @@ impl<'a> SetStep<'a> {
                         .await
                         .map(|created| created.name_any())
                         .map_err(|source| Error::CreateObject {
-                            kind: "EphemeralRunner",
+                            kind: EphemeralRunner::kind(&()),
                             namespace: self.namespace.clone(),
                             name: runner.metadata.generate_name.clone().unwrap_or_default(),
                             source: Box::new(source),
@@ -515,13 +508,7 @@ impl<'a> SetStep<'a> {
             // The runner's own finalizer need not ask the service again.
             self.ctx.runner_memory.deregistered(&uid, runner_id);
         }
-        delete_if_present(
-            &self.runners,
-            &runner.name_any(),
-            &self.namespace,
-            "EphemeralRunner",
-        )
-        .await?;
+        delete_if_present(&self.runners, &runner.name_any(), &self.namespace).await?;
         Ok(true)
     }
 
@@ -535,13 +522,8 @@ impl<'a> SetStep<'a> {
             && census.deleting.is_empty()
         {
             if self.set.spec.ephemeral_runner_spec.proxy.is_some() {
-                delete_if_present(
-                    &self.secrets,
-                    &self.proxy_secret_name(),
-                    &self.namespace,
-                    "Secret",
-                )
-                .await?;
+                delete_if_present(&self.secrets, &self.proxy_secret_name(), &self.namespace)
+                    .await?;
             }
             return Ok(true);
         }
@@ -552,13 +534,8 @@ impl<'a> SetStep<'a> {
             .chain(&census.outdated);
         let mut errors = Vec::new();
         for runner in terminal {
-            if let Err(error) = delete_if_present(
-                &self.runners,
-                &runner.name_any(),
-                &self.namespace,
-                "EphemeralRunner",
-            )
-            .await
+            if let Err(error) =
+                delete_if_present(&self.runners, &runner.name_any(), &self.namespace).await
             {
                 errors.push(error);
             }
@@ -591,15 +568,9 @@ impl<'a> SetStep<'a> {
         }
         // A Secret has no finalizers of its own: once the delete is accepted it is gone, nothing to wait for.
         if self.set.spec.ephemeral_runner_spec.proxy.is_some() {
-            delete_if_present(
-                &self.secrets,
-                &self.proxy_secret_name(),
-                &self.namespace,
-                "Secret",
-            )
-            .await?;
+            delete_if_present(&self.secrets, &self.proxy_secret_name(), &self.namespace).await?;
         }
-        remove_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER], KIND).await?;
+        remove_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER]).await?;
         self.ctx.expectations.forget(&self.key);
         Ok(Action::await_change())
     }
@@ -613,7 +584,7 @@ impl<'a> SetStep<'a> {
         }
         let body = json!({
             "apiVersion": crds::constants::API_VERSION,
-            "kind": KIND,
+            "kind": EphemeralRunnerSet::kind(&()),
             "status": desired,
         });
         self.api
@@ -625,7 +596,7 @@ impl<'a> SetStep<'a> {
             .await
             .map(drop)
             .map_err(|source| Error::PatchObject {
-                kind: KIND,
+                kind: EphemeralRunnerSet::kind(&()),
                 what: "status",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),

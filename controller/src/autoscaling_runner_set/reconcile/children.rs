@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::{Converged, KIND, SHORT_WAIT, Step};
+use super::{Converged, SHORT_WAIT, Step};
 use crate::autoscaling_runner_set::conditions::Finding;
 use crate::autoscaling_runner_set::desired::{
     contains_all, desired_listener_name, desired_runner_set,
@@ -40,7 +40,7 @@ impl Step<'_> {
                     )
                     .await
                     .map_err(|source| Error::PatchObject {
-                        kind: "EphemeralRunnerSet",
+                        kind: EphemeralRunnerSet::kind(&()),
                         what: "replicas",
                         namespace: self.namespace.clone(),
                         name: self.name.clone(),
@@ -57,7 +57,7 @@ impl Step<'_> {
             .get_opt(&self.name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind: "EphemeralRunnerSet",
+                kind: EphemeralRunnerSet::kind(&()),
                 namespace: self.namespace.clone(),
                 source: Box::new(source),
             })
@@ -66,7 +66,7 @@ impl Step<'_> {
     /// EphemeralRunnerSet, then listener.
     pub(super) async fn converge_children(&self, scale_set_id: i64) -> Result<Converged> {
         let options = &self.ctx.base.options;
-        let owner = controller_ref(self.runner_set, KIND)?;
+        let owner = controller_ref(self.runner_set)?;
         let desired = desired_runner_set(
             self.runner_set,
             owner,
@@ -78,7 +78,7 @@ impl Step<'_> {
                 .create(&PostParams::default(), &desired)
                 .await
                 .map_err(|source| Error::CreateObject {
-                    kind: "EphemeralRunnerSet",
+                    kind: EphemeralRunnerSet::kind(&()),
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
                     source: Box::new(source),
@@ -114,13 +114,7 @@ impl Step<'_> {
                     status,
                 ));
             }
-            delete_if_present(
-                &self.runner_sets,
-                &self.name,
-                &self.namespace,
-                "EphemeralRunnerSet",
-            )
-            .await?;
+            delete_if_present(&self.runner_sets, &self.name, &self.namespace).await?;
             self.event(
                 EventType::Warning,
                 "RunnerImageOutdated",
@@ -202,7 +196,7 @@ impl Step<'_> {
             )
             .await
             .map_err(|source| Error::PatchObject {
-                kind: "EphemeralRunnerSet",
+                kind: EphemeralRunnerSet::kind(&()),
                 what: "template",
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),

@@ -15,7 +15,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::{KIND, SHORT_WAIT, Step};
+use super::{SHORT_WAIT, Step};
 use crate::autoscaling_runner_set::desired::desired_listener_name;
 use crate::error::{Error, Result, is_status};
 use crate::kubeutil::{delete_if_present, remove_finalizers};
@@ -39,13 +39,7 @@ impl Step<'_> {
         }
         if let Some(set) = self.get_runner_set().await? {
             if set.meta().deletion_timestamp.is_none() {
-                delete_if_present(
-                    &self.runner_sets,
-                    &self.name,
-                    &self.namespace,
-                    "EphemeralRunnerSet",
-                )
-                .await?;
+                delete_if_present(&self.runner_sets, &self.name, &self.namespace).await?;
             }
             return Ok(Action::requeue(SHORT_WAIT));
         }
@@ -55,7 +49,6 @@ impl Step<'_> {
             &self.api,
             self.runner_set,
             &[AUTOSCALING_RUNNER_SET_FINALIZER],
-            KIND,
         )
         .await?;
         self.ctx.forget(&self.key);
@@ -102,29 +95,17 @@ impl Step<'_> {
             };
             match kind {
                 ObjectKind::RoleBinding => {
-                    release::<RoleBinding>(
-                        &Api::namespaced(client.clone(), ns),
-                        name,
-                        ns,
-                        "RoleBinding",
-                    )
-                    .await?
+                    release::<RoleBinding>(&Api::namespaced(client.clone(), ns), name, ns).await?
                 }
                 ObjectKind::Role => {
-                    release::<Role>(&Api::namespaced(client.clone(), ns), name, ns, "Role").await?
+                    release::<Role>(&Api::namespaced(client.clone(), ns), name, ns).await?
                 }
                 ObjectKind::ServiceAccount => {
-                    release::<ServiceAccount>(
-                        &Api::namespaced(client.clone(), ns),
-                        name,
-                        ns,
-                        "ServiceAccount",
-                    )
-                    .await?
+                    release::<ServiceAccount>(&Api::namespaced(client.clone(), ns), name, ns)
+                        .await?
                 }
                 ObjectKind::Secret => {
-                    release::<Secret>(&Api::namespaced(client.clone(), ns), name, ns, "Secret")
-                        .await?
+                    release::<Secret>(&Api::namespaced(client.clone(), ns), name, ns).await?
                 }
             }
         }
@@ -142,16 +123,16 @@ enum ObjectKind {
 
 /// Removes the cleanup-protection finalizer from an object; gone (or, for a Secret, no longer readable) counts
 /// as done.
-async fn release<K>(api: &Api<K>, name: &str, namespace: &str, kind: &'static str) -> Result<()>
+async fn release<K>(api: &Api<K>, name: &str, namespace: &str) -> Result<()>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let found = match api.get_opt(name).await {
         Ok(found) => found,
-        Err(error) if kind == "Secret" && is_status(&error, 403) => None,
+        Err(error) if K::kind(&()) == Secret::kind(&()) && is_status(&error, 403) => None,
         Err(source) => {
             return Err(Error::ReadObjects {
-                kind,
+                kind: K::kind(&()),
                 namespace: namespace.to_owned(),
                 source: Box::new(source),
             });
@@ -160,6 +141,6 @@ where
     let Some(obj) = found else {
         return Ok(());
     };
-    remove_finalizers(api, &obj, &[CLEANUP_PROTECTION_FINALIZER], kind).await?;
+    remove_finalizers(api, &obj, &[CLEANUP_PROTECTION_FINALIZER]).await?;
     Ok(())
 }

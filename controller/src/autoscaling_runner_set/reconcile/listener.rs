@@ -1,6 +1,7 @@
 //! The set's AutoscalingListener: created, recreated when its settings change, listeners left under an older name
 //! deleted, and its report and pod judged for the `ListenerReady` condition.
 
+use crds::AutoscalingListener;
 use crds::constants::{SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
@@ -25,22 +26,14 @@ impl Step<'_> {
             .get_opt(name)
             .await
             .map_err(|source| Error::ReadObjects {
-                kind: "AutoscalingListener",
+                kind: AutoscalingListener::kind(&()),
                 namespace: self.ctx.namespace.clone(),
                 source: Box::new(source),
             })?;
         match existing {
             None => Ok(false),
             Some(listener) if listener.meta().deletion_timestamp.is_some() => Ok(true),
-            Some(_) => {
-                delete_if_present(
-                    &self.listeners,
-                    name,
-                    &self.ctx.namespace,
-                    "AutoscalingListener",
-                )
-                .await
-            }
+            Some(_) => delete_if_present(&self.listeners, name, &self.ctx.namespace).await,
         }
     }
 
@@ -86,7 +79,7 @@ impl Step<'_> {
                 .get_opt(&name)
                 .await
                 .map_err(|source| Error::ReadObjects {
-                    kind: "AutoscalingListener",
+                    kind: AutoscalingListener::kind(&()),
                     namespace: self.ctx.namespace.clone(),
                     source: Box::new(source),
                 })?;
@@ -95,7 +88,7 @@ impl Step<'_> {
                 .create(&PostParams::default(), &desired)
                 .await
                 .map_err(|source| Error::CreateObject {
-                    kind: "AutoscalingListener",
+                    kind: AutoscalingListener::kind(&()),
                     namespace: self.ctx.namespace.clone(),
                     name: name.clone(),
                     source: Box::new(source),

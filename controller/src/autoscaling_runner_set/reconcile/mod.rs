@@ -49,7 +49,6 @@ use crate::error::{Error, Result};
 use crate::kubeutil::{add_finalizers, delete_if_present, has_finalizer, name_and_namespace};
 use crate::metrics::RunnerLabels;
 
-const KIND: &str = "AutoscalingRunnerSet";
 /// Come back soon: waiting for a child to go away or appear.
 const SHORT_WAIT: Duration = Duration::from_secs(1);
 
@@ -70,14 +69,7 @@ pub async fn reconcile(
     if !is_version_accepted(version, &ctx.base.options.build_version) {
         return step.reject_version(version).await;
     }
-    if add_finalizers(
-        &step.api,
-        &runner_set,
-        &[AUTOSCALING_RUNNER_SET_FINALIZER],
-        KIND,
-    )
-    .await?
-    {
+    if add_finalizers(&step.api, &runner_set, &[AUTOSCALING_RUNNER_SET_FINALIZER]).await? {
         return Ok(Action::requeue(SHORT_WAIT));
     }
     let hash = runner_set_hash(&runner_set)?;
@@ -198,7 +190,7 @@ struct Step<'a> {
 
 impl<'a> Step<'a> {
     fn new(runner_set: &'a AutoscalingRunnerSet, ctx: &'a RunnerSetContext) -> Result<Self> {
-        let (name, namespace) = name_and_namespace(runner_set, KIND)?;
+        let (name, namespace) = name_and_namespace(runner_set)?;
         let client = ctx.base.client.clone();
         Ok(Self {
             runner_set,
@@ -236,7 +228,7 @@ impl<'a> Step<'a> {
 
     fn patch_error(&self, what: &'static str) -> impl FnOnce(kube::Error) -> Error + '_ {
         move |source| Error::PatchObject {
-            kind: KIND,
+            kind: AutoscalingRunnerSet::kind(&()),
             what,
             namespace: self.namespace.clone(),
             name: self.name.clone(),
@@ -271,7 +263,7 @@ impl<'a> Step<'a> {
             ),
         )
         .await;
-        delete_if_present(&self.api, &self.name, &self.namespace, KIND).await?;
+        delete_if_present(&self.api, &self.name, &self.namespace).await?;
         Ok(Action::await_change())
     }
 

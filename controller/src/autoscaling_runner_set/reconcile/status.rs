@@ -9,13 +9,13 @@ use crds::{AutoscalingRunnerSet, EphemeralRunner};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::{KIND, Step};
+use super::Step;
 use crate::autoscaling_runner_set::conditions::{self, Finding, Observation};
 use crate::autoscaling_runner_set::runners::{
     blockage, pending_deadline, runner_set_of_runner, runners_finding,
@@ -189,7 +189,7 @@ impl Step<'_> {
     ) -> Result<()> {
         let patch = json!({
             "apiVersion": crds::constants::API_VERSION,
-            "kind": KIND,
+            "kind": AutoscalingRunnerSet::kind(&()),
             "status": status,
         });
         self.api
