@@ -39,7 +39,7 @@ use crate::{Error, Result};
 /// Writers of the raw baseline: the manager's default EphemeralRunner concurrency.
 const BASELINE_WRITERS: usize = 64;
 /// How often the driver looks at the world.
-const TICK: Duration = Duration::from_millis(50);
+pub(crate) const TICK: Duration = Duration::from_millis(50);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -124,7 +124,7 @@ pub struct RssParts {
 
 impl RssParts {
     /// Keeps the larger of each part of this and of process `pid` now.
-    fn sample(&mut self, pid: Option<u32>) {
+    pub(crate) fn sample(&mut self, pid: Option<u32>) {
         let Some(status) =
             pid.and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
         else {
@@ -163,25 +163,31 @@ pub struct BenchReport {
     /// data of the binary, shared and reclaimable) seen in the manager during the run, sampled every tick.
     pub manager_rss_parts: RssParts,
     pub listener_rss_parts: RssParts,
+    /// The most runners at once whose job had finished but which still existed (pod or EphemeralRunner not yet
+    /// deleted): the backlog of teardown.
+    pub peak_finished_not_gone: usize,
     /// Actions Service and GitHub API requests per job, message long-polls excluded.
     pub actions_calls_per_job: f64,
     /// Requests by endpoint over the run (long-polls included).
     pub actions_calls: BTreeMap<String, u64>,
-    /// Kubernetes writes per job by the manager and the listener (pod status writes, which are the kubelet's,
-    /// and the control plane's own leases excluded).
+    /// Kubernetes writes per job by the manager and the listener ([`is_product_request`]: not the kubelet's pod
+    /// status writes, not the control plane's own requests).
     pub kubernetes_writes_per_job: f64,
-    /// Kubernetes writes over the run, by `resource[/subresource] VERB` (all writers).
+    /// The manager's and the listener's writes over the run, by `resource[/subresource] VERB`.
     pub kubernetes_writes: BTreeMap<String, u64>,
     /// Pod creation requests (conflicts included) per EphemeralRunner created: 1 when no pass ever creates a
     /// runner's pod twice.
     pub pod_creations_per_runner: f64,
     /// EphemeralRunners created per job.
     pub runners_per_job: f64,
-    /// GET and LIST requests per job (all clients but the simulated kubelet's and the control plane's; the
-    /// benchmark's own few looks included).
+    /// GET and LIST requests per job on the manager's and the listener's resources (the simulated kubelet's
+    /// read of each runner's JIT Secret and the benchmark's own few looks included).
     pub kubernetes_reads_per_job: f64,
-    /// Reads over the run, by `resource[/subresource] VERB`.
+    /// Those reads over the run, by `resource[/subresource] VERB`.
     pub kubernetes_reads: BTreeMap<String, u64>,
+    /// Every other request over the run, left out of the per-job figures: the simulated kubelet's pod status
+    /// writes, the control plane's own requests (leases, endpoints, limit ranges...), discovery.
+    pub other_requests: BTreeMap<String, u64>,
     /// Manager and listener writes per second over the run.
     pub kubernetes_writes_per_sec: f64,
     pub baseline: Baseline,
@@ -189,6 +195,12 @@ pub struct BenchReport {
     pub write_bound_jobs_per_sec: f64,
     /// Measured throughput over that bound.
     pub ratio_to_write_bound: f64,
+    /// The manager's command-line flags in this run.
+    pub manager_flags: Vec<String>,
+    /// The flags the controller chart gives the manager with its default values.
+    pub chart_default_flags: Vec<String>,
+    /// Flags whose value here (defaults applied) is not the one the chart's defaults give.
+    pub flags_differing_from_chart: Vec<FlagDifference>,
     /// CPU seconds (user + system) each process used from the burst until every runner was gone, by name.
     pub cpu_secs: BTreeMap<String, f64>,
     /// The sum of `cpu_secs` over the cores' capacity in that time (1.0: every core busy all along).
@@ -275,16 +287,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     }
     let requests_after = apiserver_requests(&world.client()).await?;
     let cpu_after = cpu_ticks_of(&processes);
-    report.cpu_secs = cpu_after
-        .iter()
-        .filter_map(|(name, after)| {
-            let before = cpu_before.get(name)?;
-            Some((
-                name.clone(),
-                after.saturating_sub(*before) as f64 / TICKS_PER_SEC,
-            ))
-        })
-        .collect();
+    report.cpu_secs = cpu_secs_between(&cpu_before, &cpu_after);
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     report.cpu_utilization =
         report.cpu_secs.values().sum::<f64>() / (report.burst_to_settled_secs.max(1e-3) * cores);
@@ -293,8 +296,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     report.jobs_per_sec = completed_seen as f64 / report.burst_to_last_completion_secs.max(1e-3);
     report.sustained_jobs_per_sec = sustained_rate(&completion_times);
     report.peak_runners = runners.peak();
-    let (latencies, unseen) = finish_to_gone(&world, &runners);
+    let (latencies, unseen, lingering) = finish_to_gone(&world, &runners, started);
     report.finish_to_gone = latencies;
+    report.peak_finished_not_gone = peak_overlap(&lingering, report.burst_to_settled_secs);
     report.problems.extend(unseen);
 
     report.manager_peak_rss_mib = world.manager_pid().map_or(0.0, peak_rss_mib);
@@ -315,33 +319,30 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
             .sum(),
     );
     report.actions_calls = counters;
-    let requests = diff(&requests_before, &requests_after);
-    let (writes, reads): (BTreeMap<_, _>, BTreeMap<_, _>) = requests
-        .into_iter()
-        .partition(|(key, _)| is_write_verb(key.rsplit(' ').next().unwrap_or_default()));
-    report.kubernetes_reads_per_job = per_job(
-        reads
-            .iter()
-            .filter(|(key, _)| is_product_request(key))
-            .map(|(_, n)| n)
-            .sum(),
-    );
-    report.kubernetes_reads = reads;
-    let created = |key: &str| writes.get(key).copied().unwrap_or_default();
+    let requests = split_requests(diff(&requests_before, &requests_after));
+    report.kubernetes_reads_per_job = per_job(requests.reads.values().sum());
+    let created = |key: &str| requests.writes.get(key).copied().unwrap_or_default();
     // The listener's pod was created before the counters were read: every pod POST of the run is a runner's.
     report.pod_creations_per_runner =
         created("pods POST") as f64 / created("ephemeralrunners POST").max(1) as f64;
     report.runners_per_job = per_job(created("ephemeralrunners POST"));
-    report.kubernetes_writes = writes;
-    let product_writes: u64 = report
-        .kubernetes_writes
-        .iter()
-        .filter(|(key, _)| is_product_request(key))
-        .map(|(_, n)| n)
-        .sum();
+    let product_writes: u64 = requests.writes.values().sum();
     report.kubernetes_writes_per_job = per_job(product_writes);
     report.kubernetes_writes_per_sec =
         product_writes as f64 / report.burst_to_settled_secs.max(1e-3);
+    report.kubernetes_writes = requests.writes;
+    report.kubernetes_reads = requests.reads;
+    report.other_requests = requests.others;
+    report.manager_flags = world.manager_flags().unwrap_or_default();
+    match chart_default_flags() {
+        Ok(chart) => {
+            report.flags_differing_from_chart = flag_differences(&report.manager_flags, &chart)?;
+            report.chart_default_flags = chart;
+        }
+        Err(error) => report.problems.push(format!(
+            "rendering the controller chart's defaults: {error}"
+        )),
+    }
 
     report
         .problems
@@ -421,12 +422,24 @@ pub fn sustained_rate(times: &[f64]) -> f64 {
     (high - 1 - low) as f64 / window
 }
 
+/// When a runner's job finished and when the runner was gone (`None`: never seen gone), in seconds after the
+/// burst.
+pub type Lingering = (f64, Option<f64>);
+
 /// Per finished job: from the runner finishing it to its pod and EphemeralRunner both deleted.
-/// The finish-to-gone latencies, and a problem for runners that finished a job but were never seen gone.
-fn finish_to_gone(world: &World, runners: &RunnerWatch) -> (Percentiles, Option<String>) {
+/// The finish-to-gone latencies; a problem for runners that finished a job but were never seen gone; and for
+/// every such runner, when (seconds after `started`) its job finished and when it was gone (`None`: never seen
+/// gone), for [`peak_overlap`].
+pub(crate) fn finish_to_gone(
+    world: &World,
+    runners: &RunnerWatch,
+    started: Instant,
+) -> (Percentiles, Option<String>, Vec<Lingering>) {
     let deleted = runners.deleted();
     let mut samples = Vec::new();
+    let mut lingering = Vec::new();
     let (mut pod_not_seen_gone, mut runner_not_seen_gone) = (Vec::new(), Vec::new());
+    let since = |at: Instant| at.saturating_duration_since(started).as_secs_f64();
     for pod in world.simulator.pods() {
         let Some(finished) = pod.job_finished_at else {
             continue;
@@ -438,14 +451,14 @@ fn finish_to_gone(world: &World, runners: &RunnerWatch) -> (Percentiles, Option<
         if runner_gone.is_none() {
             runner_not_seen_gone.push(pod.name.clone());
         }
-        if let (Some(pod_gone), Some(runner_gone)) = (pod.deleted_at, runner_gone) {
-            samples.push(
-                pod_gone
-                    .max(runner_gone)
-                    .saturating_duration_since(finished)
-                    .as_secs_f64(),
-            );
+        let gone = pod
+            .deleted_at
+            .zip(runner_gone)
+            .map(|(pod_gone, runner_gone)| pod_gone.max(runner_gone));
+        if let Some(gone) = gone {
+            samples.push(gone.saturating_duration_since(finished).as_secs_f64());
         }
+        lingering.push((since(finished), gone.map(since)));
     }
     let problem = (!pod_not_seen_gone.is_empty() || !runner_not_seen_gone.is_empty()).then(|| {
         format!(
@@ -453,21 +466,64 @@ fn finish_to_gone(world: &World, runners: &RunnerWatch) -> (Percentiles, Option<
              EphemeralRunners {runner_not_seen_gone:?}"
         )
     });
-    (Percentiles::of(samples), problem)
+    (Percentiles::of(samples), problem, lingering)
 }
 
-/// Whether a request counted by the API server is the manager's or the listener's: not the simulated kubelet's
-/// pod status writes, not the executor's token requests, not the control plane's own leases.
+/// The most intervals `[start, end)` that overlap at one moment; an interval without an end lasts until
+/// `until`. An interval that ends at the moment another starts does not overlap it.
+pub fn peak_overlap(intervals: &[Lingering], until: f64) -> usize {
+    // (time, +1 for a start / -1 for an end); at equal times ends sort first.
+    let mut events: Vec<(f64, i32)> = intervals
+        .iter()
+        .flat_map(|&(start, end)| {
+            let end = end.unwrap_or(until.max(start));
+            [(start, 1), (end, -1)]
+        })
+        .collect();
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut peak) = (0i64, 0i64);
+    for (_, delta) in events {
+        now += i64::from(delta);
+        peak = peak.max(now);
+    }
+    usize::try_from(peak).unwrap_or(0)
+}
+
+/// The resources the manager and the listener work with (the chart's RBAC for them). Every other resource in
+/// the API server's count is some other client's: the control plane's own (kube-controller-manager's leases,
+/// endpoints and endpoint slices, the limit ranges and resource quotas admission looks up, namespaces), and
+/// discovery and other non-resource paths (`/apis`, `/openapi`, the benchmark's own `/metrics`). Leases are
+/// not in it: the benchmark runs the manager without leader election, as the chart does with one replica, so
+/// every lease request is the control plane's.
+const PRODUCT_RESOURCES: [&str; 11] = [
+    "ephemeralrunners",
+    "ephemeralrunnersets",
+    "autoscalingrunnersets",
+    "autoscalinglisteners",
+    "pods",
+    "secrets",
+    "serviceaccounts",
+    "roles",
+    "rolebindings",
+    "configmaps",
+    "events",
+];
+
+/// Whether a request counted by the API server (`resource[/subresource] VERB`) is the manager's or the
+/// listener's: one of [`PRODUCT_RESOURCES`], but not the pod status writes of the simulated kubelet and of the
+/// listener executor, nor the executor's token requests (the kubelet's part for listener pods).
 pub fn is_product_request(key: &str) -> bool {
     let resource = key.split(' ').next().unwrap_or_default();
-    !matches!(
-        resource,
-        "pods/status" | "serviceaccounts/token" | "leases" | "namespaces"
-    )
+    let (base, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+    PRODUCT_RESOURCES.contains(&base)
+        && !matches!(
+            (base, subresource),
+            ("pods", "status") | ("serviceaccounts", "token")
+        )
 }
 
 /// EphemeralRunners seen: when each was deleted, how many exist, and the most that existed at once.
-struct RunnerWatch {
+pub(crate) struct RunnerWatch {
     state: Arc<Mutex<RunnerState>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -480,7 +536,7 @@ struct RunnerState {
 }
 
 impl RunnerWatch {
-    fn start(client: Client, namespace: &str) -> Self {
+    pub(crate) fn start(client: Client, namespace: &str) -> Self {
         let state: Arc<Mutex<RunnerState>> = Arc::default();
         let api: Api<EphemeralRunner> = Api::namespaced(client, namespace);
         let shared = Arc::clone(&state);
@@ -509,30 +565,30 @@ impl RunnerWatch {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn live(&self) -> usize {
+    pub(crate) fn live(&self) -> usize {
         self.lock().live.len()
     }
 
-    fn peak(&self) -> usize {
+    pub(crate) fn peak(&self) -> usize {
         self.lock().peak
     }
 
-    fn deleted(&self) -> HashMap<String, Instant> {
+    pub(crate) fn deleted(&self) -> HashMap<String, Instant> {
         self.lock().deleted.clone()
     }
 
-    fn stop(self) {
+    pub(crate) fn stop(self) {
         self.task.abort();
     }
 }
 
 /// Linux reports CPU times in clock ticks of `USER_HZ`, which is 100 on every architecture Linux supports
 /// (`sysconf(_SC_CLK_TCK)` returns it; the kernel's internal HZ does not show through).
-const TICKS_PER_SEC: f64 = 100.0;
+pub(crate) const TICKS_PER_SEC: f64 = 100.0;
 
 /// The processes whose CPU time a run reports, by name: the manager, the listener, the control plane's
 /// components and this process (the fake Actions Service and the simulated runners live here).
-async fn measured_processes(world: &World) -> Result<Vec<(String, u32)>> {
+pub(crate) async fn measured_processes(world: &World) -> Result<Vec<(String, u32)>> {
     let mut processes = world.ctx.control_plane.component_pids();
     processes.extend(world.manager_pid().map(|pid| ("manager".to_owned(), pid)));
     processes.extend(
@@ -546,13 +602,34 @@ async fn measured_processes(world: &World) -> Result<Vec<(String, u32)>> {
     Ok(processes)
 }
 
-/// User + system CPU ticks of each process that is still there.
-fn cpu_ticks_of(processes: &[(String, u32)]) -> BTreeMap<String, u64> {
-    processes
+/// User + system CPU ticks of each process that is still there, summed by name (every listener is
+/// `listener`).
+pub(crate) fn cpu_ticks_of(processes: &[(String, u32)]) -> BTreeMap<String, u64> {
+    let mut ticks: BTreeMap<String, u64> = BTreeMap::new();
+    for (name, pid) in processes {
+        if let Some(n) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| parse_cpu_ticks(&stat))
+        {
+            *ticks.entry(name.clone()).or_default() += n;
+        }
+    }
+    ticks
+}
+
+/// CPU seconds of each process between two [`cpu_ticks_of`] readings (processes in both).
+pub(crate) fn cpu_secs_between(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, f64> {
+    after
         .iter()
-        .filter_map(|(name, pid)| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            Some((name.clone(), parse_cpu_ticks(&stat)?))
+        .filter_map(|(name, after)| {
+            let before = before.get(name)?;
+            Some((
+                name.clone(),
+                after.saturating_sub(*before) as f64 / TICKS_PER_SEC,
+            ))
         })
         .collect()
 }
@@ -581,7 +658,7 @@ pub fn parse_vm_hwm_kib(status: &str) -> Option<u64> {
 }
 
 /// The value of line `key` (with its colon) of `/proc/PID/status`, in KiB.
-fn status_kib(status: &str, key: &str) -> Option<u64> {
+pub(crate) fn status_kib(status: &str, key: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|line| line.strip_prefix(key))
@@ -590,7 +667,7 @@ fn status_kib(status: &str, key: &str) -> Option<u64> {
 }
 
 /// The API server's count of requests (watches aside), by `resource[/subresource] VERB`.
-async fn apiserver_requests(client: &Client) -> Result<BTreeMap<String, u64>> {
+pub(crate) async fn apiserver_requests(client: &Client) -> Result<BTreeMap<String, u64>> {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
         .map_err(|e| Error::Invariant(format!("building the /metrics request: {e}")))?;
@@ -645,7 +722,10 @@ pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u6
     writes
 }
 
-fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+pub(crate) fn diff(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
     after
         .iter()
         .filter_map(|(key, n)| {
@@ -653,6 +733,116 @@ fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeM
             (delta > 0).then(|| (key.clone(), delta))
         })
         .collect()
+}
+
+/// The API server's requests over part of a run, split by [`is_product_request`] into the manager's and the
+/// listener's writes and reads, and everybody else's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestSplit {
+    pub writes: BTreeMap<String, u64>,
+    pub reads: BTreeMap<String, u64>,
+    pub others: BTreeMap<String, u64>,
+}
+
+/// Splits counts by `resource[/subresource] VERB` (as [`parse_requests`] gives them).
+pub fn split_requests(requests: BTreeMap<String, u64>) -> RequestSplit {
+    let mut split = RequestSplit::default();
+    for (key, n) in requests {
+        let verb = key.rsplit(' ').next().unwrap_or_default();
+        let bucket = if !is_product_request(&key) {
+            &mut split.others
+        } else if is_write_verb(verb) {
+            &mut split.writes
+        } else {
+            &mut split.reads
+        };
+        bucket.insert(key, n);
+    }
+    split
+}
+
+/// A manager flag whose effective value (the manager's default when not given) differs between two command
+/// lines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlagDifference {
+    /// `--name`.
+    pub flag: String,
+    /// The value in this run.
+    pub here: String,
+    /// The value the chart's defaults give.
+    pub chart: String,
+}
+
+/// The manager flags the controller chart renders with its default values.
+pub fn chart_default_flags() -> Result<Vec<String>> {
+    let objects = chart_tests::Template::new(chart_tests::Chart::Controller)
+        .release("arc")
+        .namespace("arc-systems")
+        .render()?
+        .into_objects();
+    deployment_args(&objects).ok_or_else(|| {
+        Error::Invariant("the controller chart rendered no manager container args".to_owned())
+    })
+}
+
+/// The `args` of the `manager` container of the Deployment among `objects`.
+pub fn deployment_args(objects: &[serde_json::Value]) -> Option<Vec<String>> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|o| {
+            o["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .find(|c| c["name"] == "manager")?["args"]
+        .as_array()
+        .map(|args| {
+            args.iter()
+                .filter_map(|a| a.as_str().map(str::to_owned))
+                .collect()
+        })
+}
+
+/// The flags whose effective value differs between command lines `here` and `chart`, both parsed by the
+/// manager's own command-line parser (so a flag left out counts with its default, and aliases are one flag).
+pub fn flag_differences(here: &[String], chart: &[String]) -> Result<Vec<FlagDifference>> {
+    use clap::CommandFactory;
+    let command = controller::cli::Args::command();
+    let parse = |args: &[String]| {
+        command
+            .clone()
+            .try_get_matches_from(std::iter::once("manager".to_owned()).chain(args.iter().cloned()))
+            .map_err(|e| Error::Invariant(format!("manager flags {args:?}: {e}")))
+    };
+    let (ours, theirs) = (parse(here)?, parse(chart)?);
+    let value = |matches: &clap::ArgMatches, id: &str| {
+        matches
+            .try_get_raw(id)
+            .ok()
+            .flatten()
+            .map(|values| {
+                values
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
+    };
+    Ok(command
+        .get_arguments()
+        .filter_map(|arg| {
+            let id = arg.get_id().as_str();
+            let (here, chart) = (value(&ours, id), value(&theirs, id));
+            (here != chart).then(|| FlagDifference {
+                flag: format!("--{}", arg.get_long().unwrap_or(id)),
+                here,
+                chart,
+            })
+        })
+        .collect())
 }
 
 /// Creates `objects` EphemeralRunners, Secrets and Pods in `namespace`, then deletes them, with
@@ -823,6 +1013,133 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
             .map(|(_, n)| n)
             .sum();
         assert_eq!(product, 11);
+    }
+
+    #[test]
+    fn only_the_products_own_requests_count() {
+        for key in [
+            "ephemeralrunners POST",
+            "ephemeralrunners/status PATCH",
+            "ephemeralrunnersets/status PATCH",
+            "autoscalinglisteners/status PATCH",
+            "pods POST",
+            "pods DELETE",
+            "secrets GET",
+            "serviceaccounts POST",
+            "rolebindings POST",
+            "events POST",
+        ] {
+            assert!(is_product_request(key), "{key}");
+        }
+        for key in [
+            // The simulated kubelet, the listener executor.
+            "pods/status PATCH",
+            "serviceaccounts/token POST",
+            // The control plane's own.
+            "leases PUT",
+            "leases GET",
+            "endpoints GET",
+            "endpointslices LIST",
+            "limitranges LIST",
+            "resourcequotas LIST",
+            "namespaces GET",
+            // Discovery and other non-resource paths.
+            "//apis GET",
+            "//metrics GET",
+            " GET",
+        ] {
+            assert!(!is_product_request(key), "{key}");
+        }
+        let split = split_requests(BTreeMap::from([
+            ("pods POST".to_owned(), 3),
+            ("pods LIST".to_owned(), 2),
+            ("pods/status PATCH".to_owned(), 7),
+            ("limitranges LIST".to_owned(), 5),
+        ]));
+        assert_eq!(
+            split,
+            RequestSplit {
+                writes: BTreeMap::from([("pods POST".to_owned(), 3)]),
+                reads: BTreeMap::from([("pods LIST".to_owned(), 2)]),
+                others: BTreeMap::from([
+                    ("limitranges LIST".to_owned(), 5),
+                    ("pods/status PATCH".to_owned(), 7),
+                ]),
+            }
+        );
+    }
+
+    #[test]
+    fn the_peak_of_overlapping_intervals_counts_open_ones_until_the_end() {
+        assert_eq!(peak_overlap(&[], 10.0), 0);
+        // [1, 4), [2, 3), [3, 5): at 2.5 two, at 3 the second ends as the third starts.
+        let closed = [(1.0, Some(4.0)), (2.0, Some(3.0)), (3.0, Some(5.0))];
+        assert_eq!(peak_overlap(&closed, 10.0), 2);
+        // Back to back: never two at once.
+        assert_eq!(peak_overlap(&[(1.0, Some(2.0)), (2.0, Some(3.0))], 10.0), 1);
+        // Never seen gone: lasts until the end and overlaps everything after its start.
+        let open = [(1.0, None), (5.0, Some(6.0)), (8.0, Some(9.0)), (8.5, None)];
+        assert_eq!(peak_overlap(&open, 10.0), 3);
+        // An empty interval is no runner lingering.
+        assert_eq!(peak_overlap(&[(2.0, Some(2.0))], 10.0), 0);
+    }
+
+    #[test]
+    fn flag_differences_compare_effective_values() {
+        let strings = |args: &[&str]| args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+        let here = strings(&[
+            "--log-level=info",
+            "--watch-namespace=bench",
+            // The manager's default, given explicitly: no difference.
+            "--runner-max-concurrent-reconciles=64",
+            // An alias of --k8s-client-rate-limiter-qps.
+            "--kube-api-qps=500",
+        ]);
+        let chart = strings(&["--auto-scaling-runner-set-only", "--log-level=debug"]);
+        let differences = flag_differences(&here, &chart).expect("both parse");
+        let named = |flag: &str| differences.iter().find(|d| d.flag == flag).cloned();
+        assert_eq!(
+            named("--log-level"),
+            Some(FlagDifference {
+                flag: "--log-level".to_owned(),
+                here: "info".to_owned(),
+                chart: "debug".to_owned(),
+            })
+        );
+        assert_eq!(
+            named("--k8s-client-rate-limiter-qps").map(|d| (d.here, d.chart)),
+            Some(("500".to_owned(), "200".to_owned()))
+        );
+        assert_eq!(
+            named("--auto-scaling-runner-set-only").map(|d| (d.here, d.chart)),
+            Some(("false".to_owned(), "true".to_owned()))
+        );
+        assert!(named("--watch-namespace").is_some(), "{differences:?}");
+        assert!(
+            named("--runner-max-concurrent-reconciles").is_none(),
+            "{differences:?}"
+        );
+        assert_eq!(differences.len(), 4, "{differences:?}");
+        assert!(flag_differences(&strings(&["--no-such-flag"]), &chart).is_err());
+    }
+
+    #[test]
+    fn the_manager_args_are_read_from_the_deployment() {
+        let objects = [
+            json!({"kind": "ServiceAccount"}),
+            json!({"kind": "Deployment", "spec": {"template": {"spec": {"containers": [
+                {"name": "sidecar", "args": ["--x"]},
+                {"name": "manager", "args": ["--auto-scaling-runner-set-only", "--log-level=debug"]},
+            ]}}}}),
+        ];
+        assert_eq!(
+            deployment_args(&objects),
+            Some(vec![
+                "--auto-scaling-runner-set-only".to_owned(),
+                "--log-level=debug".to_owned()
+            ])
+        );
+        assert_eq!(deployment_args(&objects[..1]), None);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!   one scale set installed from the objects `helm template` renders for the scale-set chart.
 //! * [`node_world`] is the same on a real node: the listener and the runners real pods from the project's
 //!   images, run by a kubelet (the real-node tier and `demo --real-node`).
+//! * [`bench`] and [`many_sets`] are the benchmark behind `e2e-bench`: one scale set and a burst of jobs, or
+//!   many scale sets with a few jobs each.
 //! * [`checks`] are the invariants every suite ends with: every job completed exactly once, no runner left in
 //!   the fake, no orphan pod, Secret or EphemeralRunner.
 //!
@@ -15,6 +17,7 @@ pub mod bench;
 pub mod chaos;
 pub mod checks;
 pub mod cli;
+pub mod many_sets;
 pub mod node_world;
 pub mod simulator;
 pub mod world;

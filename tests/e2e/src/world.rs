@@ -1,6 +1,8 @@
 //! One scale set on one machine, the way a user installs it: the local control plane, the fake Actions Service,
 //! the manager (in-process), the listener-pod executor running the real listener binary, the runner simulator,
 //! and the objects a default `helm template` of the scale-set chart renders, created as Helm would create them.
+//! More scale sets can be installed beside the first ([`World::install_scale_set`]), each its own release with
+//! its own listener process.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,6 +89,8 @@ enum RunningManager {
     Process {
         process: Supervised,
         metrics_url: String,
+        /// The command line's flags.
+        flags: Vec<String>,
     },
 }
 
@@ -302,6 +306,7 @@ impl World {
             extra.iter().any(|e| e.split('=').next() == Some(flag))
         };
         [
+            "--auto-scaling-runner-set-only".to_owned(),
             "--log-level=info".to_owned(),
             "--log-format=text".to_owned(),
             format!("--watch-namespace={}", self.ctx.namespace),
@@ -340,7 +345,8 @@ impl World {
             "CONTROLLER_MANAGER_CONTAINER_IMAGE=ghcr.io/arc-rs/arc-rs:e2e".to_owned(),
             binary.display().to_string(),
         ]);
-        args.extend(self.manager_args(port));
+        let flags = self.manager_args(port);
+        args.extend(flags.iter().cloned());
         let process = Supervised::spawn(
             "manager",
             Path::new("env"),
@@ -351,11 +357,15 @@ impl World {
         Ok(RunningManager::Process {
             process,
             metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            flags,
         })
     }
 
     /// `f` of the manager process (`None` when the manager runs in this process, or not at all).
-    fn with_manager_process<T>(&self, f: impl FnOnce(&Supervised, &str) -> T) -> Option<T> {
+    fn with_manager_process<T>(
+        &self,
+        f: impl FnOnce(&Supervised, &str, &[String]) -> T,
+    ) -> Option<T> {
         match self
             .manager
             .lock()
@@ -365,25 +375,31 @@ impl World {
             RunningManager::Process {
                 process,
                 metrics_url,
-            } => Some(f(process, metrics_url)),
+                flags,
+            } => Some(f(process, metrics_url, flags)),
             RunningManager::Task { .. } => None,
         }
     }
 
     /// The manager process's id.
     pub fn manager_pid(&self) -> Option<u32> {
-        self.with_manager_process(|process, _| process.pid())
+        self.with_manager_process(|process, _, _| process.pid())
             .flatten()
     }
 
     /// The manager process's metrics URL.
     pub fn manager_metrics_url(&self) -> Option<String> {
-        self.with_manager_process(|_, url| url.to_owned())
+        self.with_manager_process(|_, url, _| url.to_owned())
     }
 
     /// The end of the manager process's log.
     pub fn manager_log(&self, max: u64) -> Option<String> {
-        self.with_manager_process(|process, _| process.log_tail(max))
+        self.with_manager_process(|process, _, _| process.log_tail(max))
+    }
+
+    /// The flags the manager process was started with (`None` when it runs in this process, or not at all).
+    pub fn manager_flags(&self) -> Option<Vec<String>> {
+        self.with_manager_process(|_, _, flags| flags.to_vec())
     }
 
     /// Stops the manager: gracefully (in-flight reconciles finish), or `kill`ed as if the process died.
@@ -448,7 +464,27 @@ impl World {
 
     /// Creates the rendered objects, as `helm install` would.
     pub async fn install(&self) -> Result<()> {
-        for object in &self.rendered {
+        self.create_objects(&self.rendered).await
+    }
+
+    /// Installs one more scale set beside the world's own, as a second `helm install` of the scale-set chart
+    /// (release `release`, which is also the scale set's name, with `values` on top of the required ones) in
+    /// the same namespace: its listener runs under the same executor and its runners under the same simulator.
+    /// Returns the objects created.
+    pub async fn install_scale_set(&self, release: &str, values: &Value) -> Result<Vec<Value>> {
+        let rendered = render_scale_set(
+            release,
+            &self.ctx.namespace,
+            &self.config_url,
+            &self.controller_namespace,
+            values,
+        )?;
+        self.create_objects(&rendered).await?;
+        Ok(rendered)
+    }
+
+    async fn create_objects(&self, objects: &[Value]) -> Result<()> {
+        for object in objects {
             let (api, _) = self.dynamic_api(object).await?;
             let object: DynamicObject =
                 serde_json::from_value(object.clone()).map_err(|e| Error::InvalidObject {
@@ -591,8 +627,14 @@ impl World {
 
     /// Enqueues `count` jobs for the scale set; returns their request ids.
     pub fn enqueue(&self, count: u32) -> Result<Vec<i64>> {
+        self.enqueue_to(&self.release, count)
+    }
+
+    /// Enqueues `count` jobs (one workflow run) for scale set `scale_set`, the world's own or one added with
+    /// [`World::install_scale_set`]; returns their request ids.
+    pub fn enqueue_to(&self, scale_set: &str, count: u32) -> Result<Vec<i64>> {
         let ids = self.fake.state().enqueue_jobs(&EnqueueJobs {
-            scale_set_name: Some(self.release.clone()),
+            scale_set_name: Some(scale_set.to_owned()),
             count,
             ..EnqueueJobs::default()
         })?;

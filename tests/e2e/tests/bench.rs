@@ -82,6 +82,42 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
         );
     }
     assert_eq!(report.baseline.writes, 20 * 3 * 2);
+    // The bookkeeping: the simulated kubelet's status writes are seen and left out of the per-job counts, the
+    // teardown backlog is counted, and the flags that differ from the chart's defaults are exactly the ones
+    // docs/benchmarks.md names.
+    assert!(
+        count(&report.other_requests, "pods/status PATCH") >= u64::from(jobs),
+        "{:?}",
+        report.other_requests
+    );
+    assert!(
+        !report.kubernetes_writes.contains_key("pods/status PATCH"),
+        "{:?}",
+        report.kubernetes_writes
+    );
+    assert!(
+        report.peak_finished_not_gone >= 1 && report.peak_finished_not_gone <= jobs as usize,
+        "{}",
+        report.peak_finished_not_gone
+    );
+    assert!((report.runners_per_job - 1.0).abs() <= 0.2, "{report:?}");
+    let differing: Vec<&str> = report
+        .flags_differing_from_chart
+        .iter()
+        .map(|d| d.flag.as_str())
+        .collect();
+    assert_eq!(
+        differing,
+        [
+            "--metrics-addr",
+            "--listener-metrics-addr",
+            "--listener-metrics-endpoint",
+            "--log-level",
+            "--watch-namespace",
+        ],
+        "{:?}",
+        report.flags_differing_from_chart
+    );
 }
 
 /// The count under `key`, 0 when absent.

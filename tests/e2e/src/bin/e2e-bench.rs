@@ -5,15 +5,19 @@
 //! jobs through them and reports latencies, throughput, memory and calls per job, then the API server's raw write
 //! rate as the physical baseline. `--json` prints the report as one JSON line at the end. The exit status is
 //! non-zero when a job was lost or served twice.
+//!
+//! `--scale-sets S --jobs-per-set J` measures S scale sets instead, each with its own listener: setup, an idle
+//! window (`--idle-secs`), then J jobs for every set at once (see `e2e::many_sets`).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use e2e::bench::{BenchConfig, BenchReport};
+use e2e::bench::{BenchConfig, BenchReport, FlagDifference, Percentiles};
+use e2e::many_sets::{ManySetsConfig, ManySetsReport};
 
 #[derive(Debug, Parser)]
-#[command(about = "Measures one scale set end to end on this machine")]
+#[command(about = "Measures one scale set, or many, end to end on this machine")]
 struct Args {
     /// Jobs in the burst.
     #[arg(long, default_value_t = 500)]
@@ -34,6 +38,19 @@ struct Args {
     /// Print the report as one JSON line at the end.
     #[arg(long)]
     json: bool,
+    /// Many scale sets instead of one: this many, each with its own AutoscalingRunnerSet and listener.
+    #[arg(long)]
+    scale_sets: Option<u32>,
+    /// With --scale-sets: jobs each set gets in the burst.
+    #[arg(long, default_value_t = 3)]
+    jobs_per_set: u32,
+    /// With --scale-sets: the idle window between setup and the burst, in seconds (the manager looks at each
+    /// scale set every 120 s).
+    #[arg(long, default_value_t = 120)]
+    idle_secs: u64,
+    /// With --scale-sets: the wait between every listener holding its session and the idle window.
+    #[arg(long, default_value_t = 10)]
+    settle_secs: u64,
 }
 
 fn main() -> ExitCode {
@@ -42,6 +59,27 @@ fn main() -> ExitCode {
     if cfg!(debug_assertions) {
         eprintln!(
             "e2e-bench: this is a debug build; figures are only meaningful from `cargo run --release`"
+        );
+    }
+    if let Some(sets) = args.scale_sets {
+        let config = ManySetsConfig {
+            sets,
+            jobs_per_set: args.jobs_per_set,
+            job_duration: Duration::from_millis(args.job_duration_ms),
+            idle: Duration::from_secs(args.idle_secs),
+            settle: Duration::from_secs(args.settle_secs),
+            timeout: Duration::from_secs(args.timeout_secs),
+        };
+        eprintln!(
+            "e2e-bench: {sets} scale sets, {} jobs each of {} ms, idle window {} s; starting...",
+            args.jobs_per_set, args.job_duration_ms, args.idle_secs
+        );
+        return e2e::cli::run(
+            "e2e-bench",
+            args.json,
+            e2e::many_sets::run(&config),
+            print_many_sets,
+            |report| report.problems.is_empty(),
         );
     }
     let config = BenchConfig {
@@ -113,8 +151,8 @@ fn print_report(r: &BenchReport) {
         println!("    {key:<40} {n}");
     }
     println!(
-        "runners per job            {:.2}; pod creations per runner {:.2}",
-        r.runners_per_job, r.pod_creations_per_runner
+        "runners per job            {:.2}; pod creations per runner {:.2}; peak finished-but-not-gone runners {}",
+        r.runners_per_job, r.pod_creations_per_runner, r.peak_finished_not_gone
     );
     println!(
         "Kubernetes reads per job   {:.2} (GET and LIST)",
@@ -123,6 +161,8 @@ fn print_report(r: &BenchReport) {
     for (key, n) in &r.kubernetes_reads {
         println!("    {key:<40} {n}");
     }
+    print_others(&r.other_requests);
+    print_flags(&r.manager_flags, &r.flags_differing_from_chart);
     println!(
         "CPU over the run           {:.0} % of all cores",
         r.cpu_utilization * 100.0
@@ -145,6 +185,138 @@ fn print_report(r: &BenchReport) {
         "write bound                {:.1} jobs/s at {:.2} writes per job; measured/bound = {:.2}",
         r.write_bound_jobs_per_sec, r.kubernetes_writes_per_job, r.ratio_to_write_bound
     );
+    if r.problems.is_empty() {
+        println!("checks                     every job completed exactly once");
+    } else {
+        println!("PROBLEMS:");
+        for problem in &r.problems {
+            println!("  - {problem}");
+        }
+    }
+}
+
+/// The requests left out of the per-job counts, on one line.
+fn print_others(others: &std::collections::BTreeMap<String, u64>) {
+    let total: u64 = others.values().sum();
+    println!(
+        "other clients' requests    {total} (kubelet, control plane, discovery; not counted above): {others:?}"
+    );
+}
+
+fn print_flags(flags: &[String], differing: &[FlagDifference]) {
+    println!("manager flags              {}", flags.join(" "));
+    for d in differing {
+        println!(
+            "    differs from the chart's defaults: {} = {:?} here, {:?} in the chart",
+            d.flag, d.here, d.chart
+        );
+    }
+}
+
+fn p50_max(p: &Percentiles) -> String {
+    format!(
+        "p50 {:.2} s, max {:.2} s ({} sets)",
+        p.p50, p.max, p.samples
+    )
+}
+
+fn print_many_sets(r: &ManySetsReport) {
+    println!(
+        "== e2e-bench: {} scale sets x {} jobs of {:.1} s ({} jobs) ==",
+        r.sets, r.jobs_per_set, r.job_duration_secs, r.jobs
+    );
+    println!(
+        "setup                      install -> listening {}; all up after {:.1} s",
+        p50_max(&r.install_to_listening),
+        r.setup_secs
+    );
+    println!(
+        "manager at idle            RSS {:.1} MiB; {:.1} CPU s for setup",
+        r.manager_idle_rss_mib, r.manager_setup_cpu_secs
+    );
+    println!(
+        "listeners                  {} processes, {:.1} MiB together at idle ({:.1} MiB private), peak together {:.1} MiB; each peak p50 {:.1} MiB, max {:.1} MiB",
+        r.listeners,
+        r.listeners_idle_rss_mib,
+        r.listeners_idle_anon_mib,
+        r.listeners_total_peak_rss_mib,
+        r.listener_peak_rss_mib.p50,
+        r.listener_peak_rss_mib.max
+    );
+    println!(
+        "idle window {:.0} s         Actions calls {:.2} per set per minute (long polls held {:.0} s); Kubernetes requests {:.2} per set per minute",
+        r.idle.window_secs,
+        r.idle.actions_calls_per_set_per_min,
+        r.long_poll_hold_secs,
+        r.idle.kubernetes_requests_per_set_per_min
+    );
+    for (endpoint, rate) in &r.idle.actions_calls_per_set_per_min_by_endpoint {
+        println!("    {endpoint:<40} {rate:.3}");
+    }
+    for (key, rate) in &r.idle.kubernetes_requests_per_set_per_min_by_key {
+        println!("    {key:<40} {rate:.3}");
+    }
+    for (name, secs) in &r.idle.cpu_secs {
+        println!("    CPU {name:<36} {secs:.1} s");
+    }
+    println!("completed                  {} of {}", r.completed, r.jobs);
+    println!(
+        "burst -> first pod         {}",
+        p50_max(&r.burst_to_first_pod)
+    );
+    println!(
+        "burst -> all pods          {}",
+        p50_max(&r.burst_to_all_pods)
+    );
+    println!(
+        "job finished -> runner gone p50 {:.2} s, p95 {:.2} s, p99 {:.2} s, max {:.2} s ({} runners)",
+        r.finish_to_gone.p50,
+        r.finish_to_gone.p95,
+        r.finish_to_gone.p99,
+        r.finish_to_gone.max,
+        r.finish_to_gone.samples
+    );
+    println!(
+        "last completion / settled  {:.2} s / {:.2} s; peak {} EphemeralRunners, {} finished but not gone",
+        r.burst_to_last_completion_secs,
+        r.burst_to_settled_secs,
+        r.peak_runners,
+        r.peak_finished_not_gone
+    );
+    println!(
+        "manager peak RSS           {:.1} MiB (burst: anon {:.1}, file {:.1})",
+        r.manager_peak_rss_mib, r.manager_rss_parts.anon_mib, r.manager_rss_parts.file_mib
+    );
+    println!(
+        "Actions calls per job      {:.2} (long-polls excluded); {:?}",
+        r.actions_calls_per_job, r.actions_calls
+    );
+    println!(
+        "Kubernetes writes per job  {:.2}; reads per job {:.2}",
+        r.kubernetes_writes_per_job, r.kubernetes_reads_per_job
+    );
+    for (key, n) in &r.kubernetes_writes {
+        println!("    {key:<40} {n}");
+    }
+    for (key, n) in &r.kubernetes_reads {
+        println!("    {key:<40} {n}");
+    }
+    print_others(&r.other_requests);
+    println!(
+        "runners per job            {:.2}; pod creations per runner {:.2}",
+        r.runners_per_job, r.pod_creations_per_runner
+    );
+    print_flags(&r.manager_flags, &r.flags_differing_from_chart);
+    println!(
+        "CPU over the burst         {:.0} % of all cores",
+        r.cpu_utilization * 100.0
+    );
+    for (name, secs) in &r.cpu_secs {
+        println!(
+            "    {name:<40} {secs:.1} s ({:.1} ms per job)",
+            secs * 1000.0 / f64::from(r.jobs.max(1))
+        );
+    }
     if r.problems.is_empty() {
         println!("checks                     every job completed exactly once");
     } else {
