@@ -558,12 +558,11 @@ impl<'a> Step<'a> {
             }
             PodState::Running(since) => {
                 self.set_running(true);
-                if since.is_none_or(|since| {
-                    Timestamp::now().duration_since(since).unsigned_abs() >= HEALTHY_AFTER
-                }) {
+                let pass = running_pass(since, Timestamp::now(), resync);
+                if pass.healthy {
                     self.forget_pod_failures().await?;
                 }
-                Ok(Action::requeue(resync.min(HEALTHY_AFTER)))
+                Ok(Action::requeue(pass.next))
             }
             PodState::Starting => Ok(Action::requeue(resync)),
         }
@@ -687,6 +686,35 @@ fn describe_wait(wait: Duration) -> String {
     }
 }
 
+/// What a pass on a listener whose pod runs decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunningPass {
+    /// The pod has run [`HEALTHY_AFTER`] (or since when is unknown): the pod failures on record are forgotten.
+    pub healthy: bool,
+    /// When the next pass comes without an event.
+    pub next: Duration,
+}
+
+/// The pass on a listener whose pod has run since `since`: a pod not yet healthy is looked at again when it
+/// gets there (to forget its failures), a healthy one only at the periodic `resync`. Every change a pass acts
+/// on brings an event (the listener, its pod, ServiceAccount, Role and RoleBinding are watched); the periodic
+/// pass is what picks up a rotated credentials Secret. A pass every minute for every running listener was 14
+/// requests, five of them applies, per scale set and minute while nothing happened (docs/benchmarks.md,
+/// "Many scale sets").
+pub fn running_pass(since: Option<Timestamp>, now: Timestamp, resync: Duration) -> RunningPass {
+    let ran = since.map(|since| now.duration_since(since).unsigned_abs());
+    match ran {
+        Some(ran) if ran < HEALTHY_AFTER => RunningPass {
+            healthy: false,
+            next: (HEALTHY_AFTER - ran).max(SHORT_WAIT).min(resync),
+        },
+        _ => RunningPass {
+            healthy: true,
+            next: resync,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,5 +734,39 @@ mod tests {
             .unwrap();
         assert_eq!(time_until(Some(&Time(earlier))), None);
         assert_eq!(time_until(None), None);
+    }
+
+    #[test]
+    fn a_running_listener_is_looked_at_when_healthy_then_only_at_the_resync() {
+        let resync = Duration::from_secs(300);
+        let now = Timestamp::now();
+        let ago = |secs| now.checked_sub(SignedDuration::from_secs(secs)).unwrap();
+        // Just started: one pass when it has run a minute.
+        assert_eq!(
+            running_pass(Some(ago(15)), now, resync),
+            RunningPass {
+                healthy: false,
+                next: Duration::from_secs(45)
+            }
+        );
+        // Healthy, or since when unknown: failures forgotten, and no pass before the resync.
+        for since in [Some(ago(60)), Some(ago(3600)), None] {
+            assert_eq!(
+                running_pass(since, now, resync),
+                RunningPass {
+                    healthy: true,
+                    next: resync
+                }
+            );
+        }
+        // Never sooner than SHORT_WAIT, never later than a shorter resync.
+        assert_eq!(
+            running_pass(Some(now), now, Duration::from_secs(5)).next,
+            Duration::from_secs(5)
+        );
+        let almost = now
+            .checked_sub(SignedDuration::from_millis(59_900))
+            .unwrap();
+        assert_eq!(running_pass(Some(almost), now, resync).next, SHORT_WAIT);
     }
 }

@@ -124,3 +124,55 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
 fn count(counts: &BTreeMap<String, u64>, key: &str) -> u64 {
     counts.get(key).copied().unwrap_or(0)
 }
+
+/// Many scale sets at once, small: every job is served once, and while nothing happens a set costs the API server
+/// only its listener's reports (a status write and the replicas patch per long poll) and the manager's look at the
+/// scale set every two minutes. A running listener used to get a full pass every minute (its ServiceAccount,
+/// Role, RoleBinding and config Secret applied again, 14 requests per set and minute); now its pass comes at the
+/// periodic resync (5 minutes), after the one that forgets its pod failures once it has run a minute.
+#[tokio::test(flavor = "multi_thread")]
+async fn many_scale_sets_serve_every_job_and_idle_quietly() {
+    e2e::init_test_tracing();
+    let sets = 3;
+    let report = e2e::many_sets::run(&e2e::many_sets::ManySetsConfig {
+        sets,
+        jobs_per_set: 2,
+        job_duration: Duration::from_secs(1),
+        idle: Duration::from_secs(60),
+        // Past the listeners' first minute, whose pass forgets their pod failures.
+        settle: Duration::from_secs(65),
+        timeout: Duration::from_secs(300),
+    })
+    .await
+    .expect("the many-sets bench runs");
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.completed, 6);
+    assert_eq!(report.listeners, sets as usize);
+    assert_eq!(
+        report.burst_to_all_pods.samples, sets as usize,
+        "{report:?}"
+    );
+    assert!((report.runners_per_job - 1.0).abs() <= 0.5, "{report:?}");
+    let idle = &report.idle.kubernetes_requests_per_set_per_min_by_key;
+    let listener_pass: Vec<(&String, &f64)> = idle
+        .iter()
+        .filter(|(key, _)| {
+            ["serviceaccounts", "roles", "rolebindings", "secrets APPLY"]
+                .iter()
+                .any(|kind| key.starts_with(kind))
+        })
+        .collect();
+    assert!(
+        listener_pass.is_empty(),
+        "a listener pass while idle: {listener_pass:?}"
+    );
+    assert!(
+        report.idle.kubernetes_requests_per_set_per_min <= 8.0,
+        "{idle:?}"
+    );
+    assert!(
+        report.idle.actions_calls_per_set_per_min <= 4.0,
+        "{:?}",
+        report.idle.actions_calls_per_set_per_min_by_endpoint
+    );
+}
