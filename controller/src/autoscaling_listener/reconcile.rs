@@ -698,8 +698,8 @@ pub struct RunningPass {
 /// The pass on a listener whose pod has run since `since`: a pod not yet healthy is looked at again when it
 /// gets there (to forget its failures), a healthy one only at the periodic `resync`. Every change a pass acts
 /// on brings an event (the listener, its pod, ServiceAccount, Role and RoleBinding are watched); the periodic
-/// pass is what picks up a rotated credentials Secret. A pass every minute for every running listener was 14
-/// requests, five of them applies, per scale set and minute while nothing happened (docs/benchmarks.md,
+/// pass is what picks up a rotated credentials Secret. A pass every minute for every running listener was 11
+/// requests, five of them writes, per scale set and minute while nothing happened (docs/benchmarks.md,
 /// "Many scale sets").
 pub fn running_pass(since: Option<Timestamp>, now: Timestamp, resync: Duration) -> RunningPass {
     let ran = since.map(|since| now.duration_since(since).unsigned_abs());

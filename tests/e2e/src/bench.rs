@@ -492,7 +492,7 @@ pub fn peak_overlap(intervals: &[Lingering], until: f64) -> usize {
 /// The resources the manager and the listener work with (the chart's RBAC for them). Every other resource in
 /// the API server's count is some other client's: the control plane's own (kube-controller-manager's leases,
 /// endpoints and endpoint slices, the limit ranges and resource quotas admission looks up, namespaces), and
-/// discovery and other non-resource paths (`/apis`, `/openapi`, the benchmark's own `/metrics`). Leases are
+/// discovery and other non-resource paths (`/api`, `/apis`, `/openapi`). Leases are
 /// not in it: the benchmark runs the manager without leader election, as the chart does with one replica, so
 /// every lease request is the control plane's.
 const PRODUCT_RESOURCES: [&str; 11] = [

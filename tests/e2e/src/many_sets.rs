@@ -7,10 +7,11 @@
 //!
 //! 1. **Setup**: the S sets are installed (a few at a time) and the run waits until each set's listener holds a
 //!    session: install → listening, p50/max over the sets; the manager's memory and CPU once all are up.
-//! 2. **Idle**: a window (120 s by default, the manager's scale-set check interval, so each set's periodic look
-//!    falls in it once) with no jobs: Actions Service calls per set per minute by endpoint (long polls, session
-//!    and token refreshes, scale-set checks), Kubernetes requests per set per minute, CPU of the manager and of
-//!    the listeners.
+//! 2. **Idle**: a window with no jobs (300 s by default, the manager's resync: every periodic pass of every set
+//!    falls in it once; it starts 65 s after the last listener came up, past the pass each listener gets after
+//!    its first minute): Actions Service calls per set per minute by endpoint (long polls, session and token
+//!    refreshes, scale-set checks), Kubernetes requests per set per minute, CPU of the manager and of the
+//!    listeners.
 //! 3. **Burst**: every set gets its `jobs_per_set` jobs at the same moment: burst → each set's first runner pod
 //!    and → all of its pods (p50/max over the sets), finish → gone, Kubernetes writes per job, runners per job,
 //!    pod creations per runner, the most finished-but-not-gone runners, the manager's peak memory and every
@@ -49,8 +50,8 @@ pub struct ManySetsConfig {
     pub job_duration: Duration,
     /// The idle window between setup and the burst.
     pub idle: Duration,
-    /// After every listener holds its session, wait this long before the idle window (the setup's own writes
-    /// and status updates die down).
+    /// After every listener holds its session, wait this long before the idle window: the setup's own writes
+    /// die down, and each listener gets the pass that comes when it has run a minute.
     pub settle: Duration,
     /// Give up on setup, and on the burst, after this long each.
     pub timeout: Duration,
@@ -62,8 +63,8 @@ impl Default for ManySetsConfig {
             sets: 10,
             jobs_per_set: 3,
             job_duration: Duration::from_secs(1),
-            idle: Duration::from_secs(120),
-            settle: Duration::from_secs(10),
+            idle: Duration::from_secs(300),
+            settle: Duration::from_secs(65),
             timeout: Duration::from_secs(900),
         }
     }

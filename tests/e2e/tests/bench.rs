@@ -128,7 +128,7 @@ fn count(counts: &BTreeMap<String, u64>, key: &str) -> u64 {
 /// Many scale sets at once, small: every job is served once, and while nothing happens a set costs the API server
 /// only its listener's reports (a status write and the replicas patch per long poll) and the manager's look at the
 /// scale set every two minutes. A running listener used to get a full pass every minute (its ServiceAccount,
-/// Role, RoleBinding and config Secret applied again, 14 requests per set and minute); now its pass comes at the
+/// Role, RoleBinding and config Secret applied again, 11 requests per set and minute); now its pass comes at the
 /// periodic resync (5 minutes), after the one that forgets its pod failures once it has run a minute.
 #[tokio::test(flavor = "multi_thread")]
 async fn many_scale_sets_serve_every_job_and_idle_quietly() {

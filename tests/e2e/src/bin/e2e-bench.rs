@@ -44,12 +44,13 @@ struct Args {
     /// With --scale-sets: jobs each set gets in the burst.
     #[arg(long, default_value_t = 3)]
     jobs_per_set: u32,
-    /// With --scale-sets: the idle window between setup and the burst, in seconds (the manager looks at each
-    /// scale set every 120 s).
-    #[arg(long, default_value_t = 120)]
+    /// With --scale-sets: the idle window between setup and the burst, in seconds (300: the manager's resync,
+    /// so each set's periodic passes fall in it once).
+    #[arg(long, default_value_t = 300)]
     idle_secs: u64,
-    /// With --scale-sets: the wait between every listener holding its session and the idle window.
-    #[arg(long, default_value_t = 10)]
+    /// With --scale-sets: the wait between every listener holding its session and the idle window (65: past
+    /// the pass each listener gets when it has run a minute).
+    #[arg(long, default_value_t = 65)]
     settle_secs: u64,
 }
 
