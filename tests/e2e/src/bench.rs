@@ -175,10 +175,11 @@ pub struct BenchReport {
     pub kubernetes_writes_per_job: f64,
     /// The manager's and the listener's writes over the run, by `resource[/subresource] VERB`.
     pub kubernetes_writes: BTreeMap<String, u64>,
-    /// Pod creation requests (conflicts included) per EphemeralRunner created: 1 when no pass ever creates a
-    /// runner's pod twice.
+    /// Pods created (requests answered 2xx, dry runs aside) per EphemeralRunner created: 1 when no pass ever
+    /// creates a runner's pod twice. Refused and dry-run creations are in `kubernetes_writes` under their own
+    /// keys (`pods POST (409)`, `pods POST (dry run)`).
     pub pod_creations_per_runner: f64,
-    /// EphemeralRunners created per job.
+    /// EphemeralRunners created (answered 2xx) per job.
     pub runners_per_job: f64,
     /// GET and LIST requests per job on the manager's and the listener's resources (the simulated kubelet's
     /// read of each runner's JIT Secret and the benchmark's own few looks included).
@@ -688,7 +689,9 @@ pub fn parse_writes(metrics: &str) -> BTreeMap<String, u64> {
 }
 
 /// Sums `apiserver_request_total` samples by `resource[/subresource] VERB`, reads (GET, LIST) included when
-/// asked; watches are long-lived and not counted.
+/// asked; watches are long-lived and not counted. Requests the API server did not carry out are keyed apart,
+/// so that `pods POST` counts pods created: a dry run as `resource VERB (dry run)`, a request answered with
+/// anything but 2xx as `resource VERB (CODE)` (a conflict, a refusal, a server-side failure or timeout).
 pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u64> {
     let mut writes = BTreeMap::new();
     for line in metrics.lines() {
@@ -717,7 +720,12 @@ pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u6
             sub => format!("{}/{sub}", label("resource")),
         };
         let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-        *writes.entry(format!("{resource} {verb}")).or_default() += count;
+        let key = match (label("dry_run"), label("code")) {
+            ("", code) if code.starts_with('2') => format!("{resource} {verb}"),
+            ("", code) => format!("{resource} {verb} ({code})"),
+            (_, _) => format!("{resource} {verb} (dry run)"),
+        };
+        *writes.entry(key).or_default() += count;
     }
     writes
 }
@@ -744,11 +752,12 @@ pub struct RequestSplit {
     pub others: BTreeMap<String, u64>,
 }
 
-/// Splits counts by `resource[/subresource] VERB` (as [`parse_requests`] gives them).
+/// Splits counts by `resource[/subresource] VERB[ (qualifier)]` (as [`parse_requests`] gives them). Requests
+/// the API server refused or only dry-ran count where the others do: they cost it as much.
 pub fn split_requests(requests: BTreeMap<String, u64>) -> RequestSplit {
     let mut split = RequestSplit::default();
     for (key, n) in requests {
-        let verb = key.rsplit(' ').next().unwrap_or_default();
+        let verb = key.split(' ').nth(1).unwrap_or_default();
         let bucket = if !is_product_request(&key) {
             &mut split.others
         } else if is_write_verb(verb) {
@@ -997,22 +1006,30 @@ apiserver_request_total{code="409",component="apiserver",dry_run="",group="actio
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="actions.github.com",resource="ephemeralrunners",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 3
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 9
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="status",verb="PATCH",version="v1"} 4
+apiserver_request_total{code="201",component="apiserver",dry_run="All",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 2
+apiserver_request_total{code="504",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 1
 "#;
         let writes = parse_writes(metrics);
         assert_eq!(
             writes,
             BTreeMap::from([
-                ("ephemeralrunners POST".to_owned(), 8),
+                ("ephemeralrunners POST".to_owned(), 7),
+                ("ephemeralrunners POST (409)".to_owned(), 1),
                 ("ephemeralrunners/status PATCH".to_owned(), 3),
+                ("pods POST (dry run)".to_owned(), 2),
+                ("pods POST (504)".to_owned(), 1),
                 ("pods/status PATCH".to_owned(), 4),
             ])
         );
+        // Refused and dry-run writes are the product's writes all the same.
+        let split = split_requests(writes.clone());
+        assert_eq!(split.writes.values().sum::<u64>(), 14, "{split:?}");
         let product: u64 = writes
             .iter()
             .filter(|(k, _)| is_product_request(k))
             .map(|(_, n)| n)
             .sum();
-        assert_eq!(product, 11);
+        assert_eq!(product, 14);
     }
 
     #[test]
