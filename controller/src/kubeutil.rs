@@ -155,6 +155,20 @@ where
     }
 }
 
+/// Reads `name` from the API server (not a cache); `None` when it does not exist.
+pub async fn get_if_present<K>(api: &Api<K>, name: &str, namespace: &str) -> Result<Option<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    api.get_opt(name)
+        .await
+        .map_err(|source| Error::ReadObjects {
+            kind: K::kind(&()),
+            namespace: namespace.to_owned(),
+            source: Box::new(source),
+        })
+}
+
 /// Deletes `name` unless it is already gone; returns whether a delete was issued.
 pub async fn delete_if_present<K>(api: &Api<K>, name: &str, namespace: &str) -> Result<bool>
 where

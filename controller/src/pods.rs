@@ -89,7 +89,7 @@ pub fn pod_state(pod: &Pod) -> PodState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::PodStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -109,7 +109,13 @@ mod tests {
         }
     }
 
-    fn condition(type_: &str, status: &str, reason: Option<&str>, at: i64) -> PodCondition {
+    /// A pod condition that changed at second `at` (shared with other modules' tests).
+    pub(crate) fn condition(
+        type_: &str,
+        status: &str,
+        reason: Option<&str>,
+        at: i64,
+    ) -> PodCondition {
         PodCondition {
             type_: type_.to_owned(),
             status: status.to_owned(),

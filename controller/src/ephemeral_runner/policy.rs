@@ -277,8 +277,9 @@ pub fn classify_create_error(error: &kube::Error) -> CreateRejection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pods::tests::condition;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStateTerminated, PodCondition, PodStatus,
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, PodStatus,
     };
     use proptest::prelude::*;
 
@@ -310,16 +311,6 @@ mod tests {
                 ..PodStatus::default()
             }),
             ..Pod::default()
-        }
-    }
-
-    fn condition(type_: &str, status: &str, reason: Option<&str>, at: i64) -> PodCondition {
-        PodCondition {
-            type_: type_.to_owned(),
-            status: status.to_owned(),
-            reason: reason.map(str::to_owned),
-            last_transition_time: Some(Time(Timestamp::from_second(at).unwrap())),
-            ..PodCondition::default()
         }
     }
 

@@ -18,7 +18,7 @@ use crate::autoscaling_runner_set::desired::{
     contains_all, desired_listener_name, desired_runner_set,
 };
 use crate::error::{Error, Result};
-use crate::kubeutil::{controller_ref, delete_if_present};
+use crate::kubeutil::{controller_ref, delete_if_present, get_if_present};
 
 impl Step<'_> {
     /// A set whose status says `Outdated` stops its listener and scales its runners to zero until its spec changes
@@ -53,14 +53,7 @@ impl Step<'_> {
     }
 
     pub(super) async fn get_runner_set(&self) -> Result<Option<EphemeralRunnerSet>> {
-        self.runner_sets
-            .get_opt(&self.name)
-            .await
-            .map_err(|source| Error::ReadObjects {
-                kind: EphemeralRunnerSet::kind(&()),
-                namespace: self.namespace.clone(),
-                source: Box::new(source),
-            })
+        get_if_present(&self.runner_sets, &self.name, &self.namespace).await
     }
 
     /// EphemeralRunnerSet, then listener.

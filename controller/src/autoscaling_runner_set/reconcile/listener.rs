@@ -16,20 +16,12 @@ use crate::autoscaling_runner_set::desired::{
 use crate::autoscaling_runner_set::schedule_status;
 use crate::autoscaling_runner_set::served::{ListenerView, judge_listener};
 use crate::error::{Error, Result};
-use crate::kubeutil::delete_if_present;
+use crate::kubeutil::{delete_if_present, get_if_present};
 
 impl Step<'_> {
     /// Deletes listener `name` if present; returns whether it still exists.
     pub(super) async fn delete_listener(&self, name: &str) -> Result<bool> {
-        let existing = self
-            .listeners
-            .get_opt(name)
-            .await
-            .map_err(|source| Error::ReadObjects {
-                kind: AutoscalingListener::kind(&()),
-                namespace: self.ctx.namespace.clone(),
-                source: Box::new(source),
-            })?;
+        let existing = get_if_present(&self.listeners, name, &self.ctx.namespace).await?;
         match existing {
             None => Ok(false),
             Some(listener) if listener.meta().deletion_timestamp.is_some() => Ok(true),
@@ -74,15 +66,7 @@ impl Step<'_> {
             tracing::info!(listener = %orphan, "deleting a listener left behind under an older name");
             self.delete_listener(&orphan).await?;
         }
-        let existing =
-            self.listeners
-                .get_opt(&name)
-                .await
-                .map_err(|source| Error::ReadObjects {
-                    kind: AutoscalingListener::kind(&()),
-                    namespace: self.ctx.namespace.clone(),
-                    source: Box::new(source),
-                })?;
+        let existing = get_if_present(&self.listeners, &name, &self.ctx.namespace).await?;
         let Some(existing) = existing else {
             self.listeners
                 .create(&PostParams::default(), &desired)
