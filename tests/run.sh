@@ -35,8 +35,29 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
-# --no-fail-fast: one run shows every failing test binary, not just the first.
-cargo test --workspace --locked --no-fail-fast "$@"
+# Two lanes at once. The suites that mostly wait (the real-node tier, whose tests take turns on one node, and the
+# served-condition suite) are left out of `cargo test --workspace` (`test = false` in their crates) and run
+# beside it; one after the other they would add about 14 minutes to the run. Everything is built first, so the
+# two lanes only run tests. --no-fail-fast: one run shows every failing test binary, not just the first.
+cargo test --workspace --locked --no-run
+# The waiting lane names its two test targets but still selects the whole workspace, so cargo resolves features
+# exactly as for the lane above and reuses its build (a narrower `-p` selection would rebuild dependencies).
+waiting_lane=(cargo test --workspace --locked --no-fail-fast --test real_node --test served)
+"${waiting_lane[@]}" --no-run
+waiting_log="$(mktemp)"
+"${waiting_lane[@]}" "$@" >"$waiting_log" 2>&1 &
+waiting_pid=$!
+tests=0
+cargo test --workspace --locked --no-fail-fast "$@" || tests=1
+waiting=0
+wait "$waiting_pid" || waiting=1
+step "cargo test: the waiting lane (real-node tier, served conditions)"
+cat "$waiting_log"
+rm -f "$waiting_log"
+if [ "$tests" != 0 ] || [ "$waiting" != 0 ]; then
+  echo "error: tests failed (workspace lane: $tests, waiting lane: $waiting; 0 = passed)" >&2
+  exit 1
+fi
 
 step "CRD compatibility with ARC 0.14.2 (optional: needs ../shared)"
 # The project's own CRD checks (crds/tests: schema rules, serde round trips, the generated files) ran above.
