@@ -157,13 +157,17 @@ pub fn no_proxy_list(entries: &[String]) -> String {
     list.join(",")
 }
 
-/// Turns a configuration into reqwest proxies (empty: connect directly).
-pub(crate) fn reqwest_proxies(config: &ProxyConfig) -> Result<Vec<reqwest::Proxy>, Error> {
-    let settings = match config {
-        ProxyConfig::Disabled => return Ok(Vec::new()),
+/// The settings a configuration stands for now: the environment is read at this moment; `Disabled` is no proxy.
+pub(crate) fn resolve(config: &ProxyConfig) -> ProxySettings {
+    match config {
+        ProxyConfig::Disabled => ProxySettings::default(),
         ProxyConfig::Environment => ProxySettings::from_env(),
         ProxyConfig::Explicit(settings) => settings.clone(),
-    };
+    }
+}
+
+/// Turns settings into reqwest proxies (empty: connect directly).
+pub(crate) fn reqwest_proxies(settings: &ProxySettings) -> Result<Vec<reqwest::Proxy>, Error> {
     let no_proxy = reqwest::NoProxy::from_string(&no_proxy_list(&settings.no_proxy));
     let mut proxies = Vec::new();
     for (server, for_https) in [(&settings.http, false), (&settings.https, true)] {
@@ -282,13 +286,13 @@ mod tests {
             no_proxy: vec!["internal".into()],
         };
         assert_eq!(
-            reqwest_proxies(&ProxyConfig::Explicit(settings))
+            reqwest_proxies(&resolve(&ProxyConfig::Explicit(settings)))
                 .expect("builds")
                 .len(),
             2
         );
         assert!(
-            reqwest_proxies(&ProxyConfig::Disabled)
+            reqwest_proxies(&resolve(&ProxyConfig::Disabled))
                 .expect("builds")
                 .is_empty()
         );
@@ -297,7 +301,7 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            reqwest_proxies(&ProxyConfig::Explicit(bad)),
+            reqwest_proxies(&resolve(&ProxyConfig::Explicit(bad))),
             Err(Error::ConfigureProxy { .. })
         ));
     }

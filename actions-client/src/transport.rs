@@ -3,6 +3,7 @@
 //! (docs/reference/actions-service-protocol.md, "Transport").
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use backon::Retryable as _;
@@ -178,24 +179,65 @@ pub struct HttpOptions {
     pub danger_accept_invalid_certs: bool,
 }
 
-/// Builds the reqwest client for `options`.
-pub(crate) fn build_http_client(options: &HttpOptions) -> Result<reqwest::Client, Error> {
+/// What a reqwest client is built from, with the environment's proxy variables already read. Clients built from
+/// equal keys behave the same, so one serves them all.
+#[derive(PartialEq, Eq)]
+struct ClientKey {
+    connect_timeout: Duration,
+    proxy: proxy::ProxySettings,
+    tls_roots: TlsRoots,
+    danger_accept_invalid_certs: bool,
+}
+
+/// The reqwest clients in use, by what they were built from. The manager builds one Actions client per scale set
+/// and credentials; each reqwest client of its own loaded the system's root certificates again (about 120 KiB a
+/// set, docs/benchmarks.md, "Many scale sets") and kept a connection pool of its own to the same hosts. An entry
+/// lives as long as some transport holds its client.
+static CLIENTS: std::sync::Mutex<Vec<(ClientKey, Weak<reqwest::Client>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The reqwest client for `options`: the one already in use for equal settings, or a new one.
+pub(crate) fn shared_http_client(options: &HttpOptions) -> Result<Arc<reqwest::Client>, Error> {
+    let key = ClientKey {
+        connect_timeout: options.timeouts.connect,
+        proxy: proxy::resolve(&options.proxy),
+        tls_roots: options.tls_roots.clone(),
+        danger_accept_invalid_certs: options.danger_accept_invalid_certs,
+    };
+    let mut clients = CLIENTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    clients.retain(|(_, client)| client.strong_count() > 0);
+    if let Some(client) = clients
+        .iter()
+        .find(|(built_from, _)| *built_from == key)
+        .and_then(|(_, client)| client.upgrade())
+    {
+        return Ok(client);
+    }
+    let client = Arc::new(build_http_client(&key)?);
+    clients.push((key, Arc::downgrade(&client)));
+    Ok(client)
+}
+
+/// Builds a reqwest client for `key`.
+fn build_http_client(key: &ClientKey) -> Result<reqwest::Client, Error> {
     let mut builder = reqwest::Client::builder()
-        .connect_timeout(options.timeouts.connect)
+        .connect_timeout(key.connect_timeout)
         .tcp_keepalive(Duration::from_secs(30))
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(100)
         // Proxies are always configured explicitly below, so reqwest must not add its own from the environment.
         .no_proxy();
-    for proxy in proxy::reqwest_proxies(&options.proxy)? {
+    for proxy in proxy::reqwest_proxies(&key.proxy)? {
         builder = builder.proxy(proxy);
     }
-    builder = match &options.tls_roots {
+    builder = match &key.tls_roots {
         TlsRoots::System => builder,
         TlsRoots::SystemAnd(pem) => builder.tls_certs_merge(parse_certificates(pem)?),
         TlsRoots::Only(pem) => builder.tls_certs_only(parse_certificates(pem)?),
     };
-    if options.danger_accept_invalid_certs {
+    if key.danger_accept_invalid_certs {
         builder = builder.tls_danger_accept_invalid_certs(true);
     }
     builder
@@ -409,7 +451,8 @@ fn failure_kind(failure: TransportFailure) -> ErrorKind {
 /// Sends requests with the configured client, retry policy and time limits.
 #[derive(Debug, Clone)]
 pub(crate) struct Transport {
-    http: reqwest::Client,
+    /// Shared with every transport built from equal settings ([`shared_http_client`]).
+    http: Arc<reqwest::Client>,
     retry: RetryPolicy,
     timeouts: Timeouts,
 }
@@ -417,7 +460,7 @@ pub(crate) struct Transport {
 impl Transport {
     pub(crate) fn new(options: &HttpOptions) -> Result<Self, Error> {
         Ok(Self {
-            http: build_http_client(options)?,
+            http: shared_http_client(options)?,
             retry: options.retry,
             timeouts: options.timeouts,
         })
@@ -688,8 +731,47 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            build_http_client(&options),
+            shared_http_client(&options),
             Err(Error::LoadRootCa { .. })
         ));
+    }
+
+    #[test]
+    fn equal_settings_share_one_client_while_it_is_in_use() {
+        // A connect timeout no other test uses keeps this test's clients apart from theirs.
+        let options = HttpOptions {
+            timeouts: Timeouts {
+                connect: Duration::from_millis(4321),
+                ..Timeouts::default()
+            },
+            proxy: ProxyConfig::Disabled,
+            ..HttpOptions::default()
+        };
+        let first = shared_http_client(&options).expect("built");
+        let second = shared_http_client(&options).expect("built");
+        assert!(Arc::ptr_eq(&first, &second), "equal settings, one client");
+
+        let other_roots = HttpOptions {
+            danger_accept_invalid_certs: true,
+            ..options.clone()
+        };
+        let third = shared_http_client(&other_roots).expect("built");
+        assert!(
+            !Arc::ptr_eq(&first, &third),
+            "other settings, another client"
+        );
+
+        // Once no transport holds it, the client is freed and its entry dropped at the next look-up.
+        let weak = Arc::downgrade(&first);
+        drop((first, second));
+        assert!(weak.upgrade().is_none(), "the cache keeps no client alive");
+        let _again = shared_http_client(&options).expect("built");
+        let entries = CLIENTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(_, client)| Weak::ptr_eq(client, &weak))
+            .count();
+        assert_eq!(entries, 0, "the freed client's entry is gone");
     }
 }
