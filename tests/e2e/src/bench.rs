@@ -147,6 +147,8 @@ pub struct BenchReport {
     pub burst_to_pods_secs: Option<f64>,
     /// From a runner reporting its job finished until its pod and EphemeralRunner were deleted.
     pub finish_to_gone: Percentiles,
+    /// Where [`Self::finish_to_gone`] goes, stage by stage.
+    pub teardown_stages: TeardownStages,
     /// From enqueueing the burst until the last job completed.
     pub burst_to_last_completion_secs: f64,
     /// From enqueueing until every runner was gone (the set back at zero).
@@ -299,6 +301,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     report.peak_runners = runners.peak();
     let (latencies, unseen, lingering) = finish_to_gone(&world, &runners, started);
     report.finish_to_gone = latencies;
+    report.teardown_stages = teardown_stages(&world, &runners);
     report.peak_finished_not_gone = peak_overlap(&lingering, report.burst_to_settled_secs);
     report.problems.extend(unseen);
 
@@ -470,6 +473,52 @@ pub(crate) fn finish_to_gone(
     (Percentiles::of(samples), problem, lingering)
 }
 
+/// A finished runner's teardown in three stages, each from the end of the one before; a runner counts in a stage
+/// when both of its ends were seen. Which stage is long says whose turn it is: the node's, the manager's, or the
+/// API server's and the garbage collector's.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TeardownStages {
+    /// Job finished → the runner container's exit written to the pod's status (the simulated kubelet, part of
+    /// the benchmark: its status writes queue behind the burst's like a real kubelet's).
+    pub exit_written: Percentiles,
+    /// Exit written → the EphemeralRunner seen with a deletion timestamp on the benchmark's own watch: the pod's
+    /// watch event reaching the manager, the teardown lane's queue, its `DELETE`, and that change's watch event.
+    pub deletion_requested: Percentiles,
+    /// Deletion seen → pod and EphemeralRunner both gone: deregistration, the pod's and the Secret's deletes,
+    /// the finalizers' removal, and their watch events.
+    pub gone: Percentiles,
+}
+
+/// The [`TeardownStages`] of every runner that finished a job.
+pub(crate) fn teardown_stages(world: &World, runners: &RunnerWatch) -> TeardownStages {
+    let requested = runners.deletion_requested();
+    let deleted = runners.deleted();
+    let (mut exit_written, mut deletion_requested, mut gone) = (Vec::new(), Vec::new(), Vec::new());
+    let between = |from: Option<Instant>, to: Option<Instant>| {
+        from.zip(to)
+            .map(|(from, to)| to.saturating_duration_since(from).as_secs_f64())
+    };
+    for pod in world.simulator.pods() {
+        if pod.job_finished_at.is_none() {
+            continue;
+        }
+        let asked = requested.get(&pod.name).copied();
+        let all_gone = pod
+            .deleted_at
+            .zip(deleted.get(&pod.name).copied())
+            .map(|(pod_gone, runner_gone)| pod_gone.max(runner_gone));
+        exit_written.extend(between(pod.job_finished_at, pod.exited_at));
+        deletion_requested.extend(between(pod.exited_at, asked));
+        gone.extend(between(asked, all_gone));
+    }
+    TeardownStages {
+        exit_written: Percentiles::of(exit_written),
+        deletion_requested: Percentiles::of(deletion_requested),
+        gone: Percentiles::of(gone),
+    }
+}
+
 /// The most intervals `[start, end)` that overlap at one moment; an interval without an end lasts until
 /// `until`. An interval that ends at the moment another starts does not overlap it.
 pub fn peak_overlap(intervals: &[Lingering], until: f64) -> usize {
@@ -533,6 +582,8 @@ pub(crate) struct RunnerWatch {
 struct RunnerState {
     live: HashSet<String>,
     peak: usize,
+    /// When the watch first showed each runner with a deletion timestamp.
+    deletion_requested: HashMap<String, Instant>,
     deleted: HashMap<String, Instant>,
 }
 
@@ -547,7 +598,14 @@ impl RunnerWatch {
                 let mut state = shared.lock().unwrap_or_else(|p| p.into_inner());
                 match event {
                     Ok(watcher::Event::Apply(er) | watcher::Event::InitApply(er)) => {
-                        state.live.insert(er.name_any());
+                        let name = er.name_any();
+                        if er.metadata.deletion_timestamp.is_some() {
+                            state
+                                .deletion_requested
+                                .entry(name.clone())
+                                .or_insert_with(Instant::now);
+                        }
+                        state.live.insert(name);
                         state.peak = state.peak.max(state.live.len());
                     }
                     Ok(watcher::Event::Delete(er)) => {
@@ -576,6 +634,10 @@ impl RunnerWatch {
 
     pub(crate) fn deleted(&self) -> HashMap<String, Instant> {
         self.lock().deleted.clone()
+    }
+
+    pub(crate) fn deletion_requested(&self) -> HashMap<String, Instant> {
+        self.lock().deletion_requested.clone()
     }
 
     pub(crate) fn stop(self) {

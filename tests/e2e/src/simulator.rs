@@ -176,6 +176,10 @@ pub struct PodRecord {
     /// When the runner reported its job finished to the fake.
     #[serde(skip)]
     pub job_finished_at: Option<Instant>,
+    /// When the runner container's exit was written to the pod's status (the kubelet's part of a finished
+    /// runner's teardown).
+    #[serde(skip)]
+    pub exited_at: Option<Instant>,
     /// When the simulator saw the pod deleted.
     #[serde(skip)]
     pub deleted_at: Option<Instant>,
@@ -417,6 +421,7 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
                 job: None,
                 seen_at: Some(Instant::now()),
                 job_finished_at: None,
+                exited_at: None,
                 deleted_at: None,
                 created: pod.metadata.creation_timestamp.as_ref().map(|time| time.0),
                 runner_env: runner_env(&pod),
@@ -542,6 +547,7 @@ impl PodRunner {
         let reason = if exit_code == 0 { "Completed" } else { "Error" };
         self.patch_status(terminated_status(exit_code, reason, "runner exited"))
             .await?;
+        self.record(|record| record.exited_at = Some(Instant::now()));
         Ok(PodStage::Finished)
     }
 

@@ -123,6 +123,16 @@ fn print_report(r: &BenchReport) {
         r.finish_to_gone.max,
         r.finish_to_gone.samples
     );
+    for (stage, p) in [
+        ("  finished -> exit written", &r.teardown_stages.exit_written),
+        ("  exit -> deletion seen", &r.teardown_stages.deletion_requested),
+        ("  deletion -> gone", &r.teardown_stages.gone),
+    ] {
+        println!(
+            "{stage:<27}p50 {:.2} s, p95 {:.2} s, p99 {:.2} s, max {:.2} s ({} runners)",
+            p.p50, p.p95, p.p99, p.max, p.samples
+        );
+    }
     println!(
         "throughput                 {:.1} jobs/s over the run ({:.2} s to the last completion), {:.1} jobs/s sustained (10th-90th percentile)",
         r.jobs_per_sec, r.burst_to_last_completion_secs, r.sustained_jobs_per_sec
