@@ -35,13 +35,15 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
-# Two lanes at once. The suites that mostly wait (the real-node tier, whose tests take turns on one node, and the
-# served-condition suite) are left out of `cargo test --workspace` (`test = false` in their crates) and run
-# beside it; one after the other they would add about 14 minutes to the run. Everything is built first, so the
-# two lanes only run tests. --no-fail-fast: one run shows every failing test binary, not just the first.
+# Two lanes at once. The suites that mostly wait (the real-node tier and the harness's own node tests, which
+# take turns on one node, and the served-condition suite) are left out of `cargo test --workspace` (`test =
+# false` in their crates) and run beside it; one after the other they would add about 14 minutes to the run.
+# Everything is built first, so the two lanes only run tests. --no-fail-fast: one run shows every failing test
+# binary, not just the first.
 cargo test --workspace --locked --no-run
-# The waiting lane names its two test targets but still selects the whole workspace, so cargo resolves features
-# exactly as for the lane above and reuses its build (a narrower `-p` selection would rebuild dependencies).
+# The waiting lane names its test targets (`real_node` is in two crates) but still selects the whole workspace,
+# so cargo resolves features exactly as for the lane above and reuses its build (a narrower `-p` selection
+# would rebuild dependencies).
 waiting_lane=(cargo test --workspace --locked --no-fail-fast --test real_node --test served)
 "${waiting_lane[@]}" --no-run
 waiting_log="$(mktemp)"
