@@ -99,11 +99,10 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
     if !in_teardown(&runner, pod.as_deref()) {
         return Ok(Action::await_change());
     }
-    if runner.meta().deletion_timestamp.is_none() {
-        step.delete_self().await?;
-    }
-    // Finalized now rather than on the deletion's watch event, which would only bring the runner back here.
-    step.finalize().await
+    // A runner whose pod succeeded is deleted and finalized in this pass, rather than on the deletion's watch
+    // event, which would only bring it back here.
+    let delete = runner.meta().deletion_timestamp.is_none();
+    step.finalize(delete).await
 }
 
 /// Reconciles one EphemeralRunner.
@@ -1234,16 +1233,21 @@ impl<'a> Step<'a> {
         Ok(Action::requeue(delay.max(Duration::from_secs(1))))
     }
 
-    /// Deletes the pod and the JIT Secret (done runners keep only the EphemeralRunner, for the set to count),
-    /// both at once.
-    async fn delete_children(&self) -> Result<()> {
-        let terminated = self
-            .ctx
+    /// The uid of the runner's pod when the cache shows it terminated (`Succeeded` or `Failed`): nothing runs in
+    /// it any more.
+    fn terminated_pod(&self) -> Option<String> {
+        self.ctx
             .stores
             .pods
             .get(&ObjectRef::new(&self.name).within(&self.namespace))
             .filter(|pod| matches!(super::policy::pod_phase(pod), "Succeeded" | "Failed"))
-            .and_then(|pod| pod.uid());
+            .and_then(|pod| pod.uid())
+    }
+
+    /// Deletes the pod and the JIT Secret (done runners keep only the EphemeralRunner, for the set to count),
+    /// both at once.
+    async fn delete_children(&self) -> Result<()> {
+        let terminated = self.terminated_pod();
         let pod = async {
             match &terminated {
                 Some(uid) => {
@@ -1257,24 +1261,54 @@ impl<'a> Step<'a> {
         Ok(())
     }
 
-    /// Deletion: deregister, delete children, then drop both finalizers.
-    async fn finalize(&self) -> Result<Action> {
+    /// Deletion (asked for here first when `delete`): deregister, delete the children, then drop both
+    /// finalizers, which come off last, once everything they stand for is done.
+    ///
+    /// The steps that do not depend on each other run at once, so a finished runner's teardown waits for two
+    /// round trips to the API server instead of four: the deletion request (the finalizers hold the object),
+    /// the deregistration, and, when the pod has terminated, its deletion with the Secret's. A pod that may still
+    /// run is deleted only after the service agreed to the deregistration, which is the check that no job runs.
+    async fn finalize(&self, delete: bool) -> Result<Action> {
         // A pass on a cached copy from before this runner's finalization: it is gone, and deleting its children
         // or patching it again would only cost the API server requests answered with 404.
         if !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER)
             || self.ctx.runner_memory.was_finalized(&self.uid)
         {
+            if delete {
+                self.delete_self().await?;
+            }
             return Ok(Action::await_change());
         }
-        if has_finalizer(self.runner, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER)
-            && self.deregister().await? == Removal::JobStillRunning
-        {
+        let pod_terminated = self.terminated_pod().is_some();
+        let delete_self = async {
+            if delete {
+                self.delete_self().await?;
+            }
+            Ok::<_, Error>(())
+        };
+        let deregister = async {
+            if has_finalizer(self.runner, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER) {
+                self.deregister().await
+            } else {
+                Ok(Removal::Removed)
+            }
+        };
+        let children = async {
+            if pod_terminated {
+                self.delete_children().await?;
+            }
+            Ok::<_, Error>(())
+        };
+        let ((), removal, ()) = futures::try_join!(delete_self, deregister, children)?;
+        if removal == Removal::JobStillRunning {
             tracing::info!("the runner is still running a job; deregistration retried later");
             return Ok(Action::requeue(
                 self.ctx.options.runner.job_still_running_requeue,
             ));
         }
-        self.delete_children().await?;
+        if !pod_terminated {
+            self.delete_children().await?;
+        }
         if self.runner.has_container_hooks() {
             self.delete_hook_objects().await?;
         }
