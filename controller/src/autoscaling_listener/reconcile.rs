@@ -45,8 +45,8 @@ use crate::actions::read_secret;
 use crate::error::{Error, Result, is_status};
 use crate::hash::integrity_hash;
 use crate::kubeutil::{
-    add_finalizers, controller_ref, delete_if_present, has_finalizer, name_and_namespace,
-    remove_finalizers,
+    add_finalizers, controller_ref, delete_if_present, get_if_present, has_finalizer,
+    name_and_namespace, remove_finalizers,
 };
 use crate::metrics::ScaleSetLabels;
 use crate::options::AL_FIELD_MANAGER;
@@ -88,8 +88,16 @@ pub async fn reconcile(
         owner,
         excluded_prefixes: &ctx.base.options.exclude_label_propagation_prefixes,
     };
-    let account: ServiceAccount = step.apply(&step.accounts(), &service_account(&id)?).await?;
-    let role: Role = step.apply(&step.roles(), &role(&id)?).await?;
+    // Each object is read and written only when it is not as this controller built it: a running listener's
+    // periodic pass costs reads only.
+    let account: ServiceAccount = step
+        .ensure(&step.accounts(), &service_account(&id)?)
+        .await?;
+    let role: Role = step
+        .ensure_with(&step.roles(), &role(&id)?, |existing, desired| {
+            existing.rules == desired.rules
+        })
+        .await?;
     let binding = step.ensure_role_binding(&role_binding(&id)?).await?;
     step.reconcile_status_rbac(&id).await?;
     let proxy_hash = step.reconcile_proxy_secret(&id).await?;
@@ -117,6 +125,12 @@ pub async fn reconcile(
         },
     )?;
     step.reconcile_pod(pod, &runner_set).await
+}
+
+/// Whether two Secrets hold the same data (the integrity hash is of what the data was made from, so an edit of
+/// the data itself keeps it).
+fn same_data(existing: &Secret, desired: &Secret) -> bool {
+    existing.data == desired.data
 }
 
 fn hash_of<K: Resource>(obj: &K) -> Option<String> {
@@ -223,7 +237,9 @@ impl<'a> Step<'a> {
         let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &self.namespace);
         let ensured = async {
             self.ensure(&roles, &status_role(id)?).await?;
-            self.ensure(&bindings, &status_role_binding(id)?).await
+            self.ensure(&bindings, &status_role_binding(id)?)
+                .await
+                .map(|_| ())
         }
         .await;
         match ensured {
@@ -242,9 +258,24 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// Applies `desired` unless it is in place as this controller built it (same integrity hash, its labels,
-    /// its owner): a read instead of a write on every pass of every listener.
-    async fn ensure<K>(&self, api: &Api<K>, desired: &K) -> Result<()>
+    /// Applies `desired` unless it is in place as this controller built it (same integrity hash, owner, and its
+    /// labels and annotations, the user's among them): a read instead of a write on every pass of every
+    /// listener.
+    async fn ensure<K>(&self, api: &Api<K>, desired: &K) -> Result<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
+    {
+        self.ensure_with(api, desired, |_, _| true).await
+    }
+
+    /// [`Self::ensure`], with `also_same` comparing what the integrity hash does not cover. Returns the object
+    /// as it now is.
+    async fn ensure_with<K>(
+        &self,
+        api: &Api<K>,
+        desired: &K,
+        also_same: impl Fn(&K, &K) -> bool,
+    ) -> Result<K>
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
     {
@@ -254,21 +285,27 @@ impl<'a> Step<'a> {
             .await
             .map_err(|source| Error::ReadObjects {
                 kind: K::kind(&()),
-                namespace: self.namespace.clone(),
+                namespace: desired.meta().namespace.clone().unwrap_or_default(),
                 source: Box::new(source),
             })?;
-        let in_place = existing.is_some_and(|existing| {
-            hash_of(&existing) == hash_of(desired)
-                && existing.owner_references() == desired.owner_references()
-                && desired
-                    .labels()
-                    .iter()
-                    .all(|(key, value)| existing.labels().get(key) == Some(value))
-        });
-        if !in_place {
-            self.apply(api, desired).await?;
+        match existing {
+            Some(existing)
+                if hash_of(&existing) == hash_of(desired)
+                    && existing.owner_references() == desired.owner_references()
+                    && desired
+                        .labels()
+                        .iter()
+                        .all(|(key, value)| existing.labels().get(key) == Some(value))
+                    && desired
+                        .annotations()
+                        .iter()
+                        .all(|(key, value)| existing.annotations().get(key) == Some(value))
+                    && also_same(&existing, desired) =>
+            {
+                Ok(existing)
+            }
+            _ => self.apply(api, desired).await,
         }
-        Ok(())
     }
 
     /// The RoleBinding; its `roleRef` cannot change in place, so a binding pointing elsewhere is replaced.
@@ -282,10 +319,16 @@ impl<'a> Step<'a> {
                 namespace: self.runner_set_namespace().to_owned(),
                 source: Box::new(source),
             })?;
-        if existing.is_some_and(|binding| binding.role_ref != desired.role_ref) {
+        if existing
+            .as_ref()
+            .is_some_and(|binding| binding.role_ref != desired.role_ref)
+        {
             delete_if_present(&api, &self.name, self.runner_set_namespace()).await?;
         }
-        self.apply(&api, desired).await
+        self.ensure_with(&api, desired, |existing, desired| {
+            existing.role_ref == desired.role_ref && existing.subjects == desired.subjects
+        })
+        .await
     }
 
     fn secret(
@@ -314,7 +357,13 @@ impl<'a> Step<'a> {
     async fn reconcile_proxy_secret(&self, id: &ListenerIdentity<'_>) -> Result<Option<String>> {
         let name = listener_proxy_secret_name(&self.name);
         let Some(proxy) = &self.listener.spec.proxy else {
-            delete_if_present(&self.secrets, &name, &self.namespace).await?;
+            // Looked for first: on most passes there is none, and a read is what that costs.
+            if get_if_present(&self.secrets, &name, &self.namespace)
+                .await?
+                .is_some()
+            {
+                delete_if_present(&self.secrets, &name, &self.namespace).await?;
+            }
             return Ok(None);
         };
         let data = crate::proxy::secret_data(
@@ -331,7 +380,7 @@ impl<'a> Step<'a> {
             .collect();
         let annotations = BTreeMap::from([(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.clone())]);
         let secret = self.secret(name, proxy_secret_labels(id.listener), annotations, data)?;
-        self.apply(&self.secrets, &secret).await?;
+        self.ensure_with(&self.secrets, &secret, same_data).await?;
         Ok(Some(hash))
     }
 
@@ -410,7 +459,7 @@ impl<'a> Step<'a> {
             annotations,
             data,
         )?;
-        self.apply(&self.secrets, &secret).await?;
+        self.ensure_with(&self.secrets, &secret, same_data).await?;
         Ok(hash)
     }
 

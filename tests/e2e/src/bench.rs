@@ -30,6 +30,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
+use test_harness::requests::{diff, is_write_verb, parse_requests};
 
 use crate::checks;
 use crate::simulator::SimulatorConfig;
@@ -731,78 +732,12 @@ pub(crate) fn status_kib(status: &str, key: &str) -> Option<u64> {
 
 /// The API server's count of requests (watches aside), by `resource[/subresource] VERB`.
 pub(crate) async fn apiserver_requests(client: &Client) -> Result<BTreeMap<String, u64>> {
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .map_err(|e| Error::Invariant(format!("building the /metrics request: {e}")))?;
-    let text = client.request_text(request).await?;
-    Ok(parse_requests(&text, true))
-}
-
-fn is_write_verb(verb: &str) -> bool {
-    matches!(
-        verb,
-        "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" | "DELETECOLLECTION"
-    )
+    Ok(test_harness::requests::count(client).await?)
 }
 
 /// Sums `apiserver_request_total` samples of write verbs by `resource[/subresource] VERB`.
 pub fn parse_writes(metrics: &str) -> BTreeMap<String, u64> {
     parse_requests(metrics, false)
-}
-
-/// Sums `apiserver_request_total` samples by `resource[/subresource] VERB`, reads (GET, LIST) included when
-/// asked; watches are long-lived and not counted. Requests the API server did not carry out are keyed apart,
-/// so that `pods POST` counts pods created: a dry run as `resource VERB (dry run)`, a request answered with
-/// anything but 2xx as `resource VERB (CODE)` (a conflict, a refusal, a server-side failure or timeout).
-pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u64> {
-    let mut writes = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or_default()
-        };
-        let verb = label("verb");
-        if !include_reads && !is_write_verb(verb) {
-            continue;
-        }
-        if verb == "WATCH" {
-            continue;
-        }
-        let resource = match label("subresource") {
-            "" => label("resource").to_owned(),
-            sub => format!("{}/{sub}", label("resource")),
-        };
-        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-        let key = match (label("dry_run"), label("code")) {
-            ("", code) if code.starts_with('2') => format!("{resource} {verb}"),
-            ("", code) => format!("{resource} {verb} ({code})"),
-            (_, _) => format!("{resource} {verb} (dry run)"),
-        };
-        *writes.entry(key).or_default() += count;
-    }
-    writes
-}
-
-pub(crate) fn diff(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .filter_map(|(key, n)| {
-            let delta = n.saturating_sub(before.get(key).copied().unwrap_or(0));
-            (delta > 0).then(|| (key.clone(), delta))
-        })
-        .collect()
 }
 
 /// The API server's requests over part of a run, split by [`is_product_request`] into the manager's and the

@@ -19,6 +19,7 @@ pub mod executor;
 pub mod node;
 mod pki;
 pub mod process;
+pub mod requests;
 mod scheduler;
 
 use std::path::PathBuf;

@@ -1,0 +1,75 @@
+//! The API server's own count of the requests it served (`apiserver_request_total` on `/metrics`), keyed
+//! `resource[/subresource] VERB`: how a test or the benchmark learns which requests were made, without a proxy
+//! in between. The count is the whole API server's, so a test that reads it has the control plane to itself
+//! (a test binary of its own) or looks only at requests no one else makes.
+
+use std::collections::BTreeMap;
+
+use kube::Client;
+
+/// Whether `verb` (as the API server names it) changes something.
+pub fn is_write_verb(verb: &str) -> bool {
+    matches!(
+        verb,
+        "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" | "DELETECOLLECTION"
+    )
+}
+
+/// The API server's count of requests (watches aside), by `resource[/subresource] VERB`.
+pub async fn count(client: &Client) -> Result<BTreeMap<String, u64>, kube::Error> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    let text = client.request_text(request).await?;
+    Ok(parse_requests(&text, true))
+}
+
+/// Sums `apiserver_request_total` samples by `resource[/subresource] VERB`, reads (GET, LIST) included when
+/// asked; watches are long-lived and not counted. Requests the API server did not carry out are keyed apart,
+/// so that `pods POST` counts pods created: a dry run as `resource VERB (dry run)`, a request answered with
+/// anything but 2xx as `resource VERB (CODE)` (a conflict, a refusal, a server-side failure or timeout).
+pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if (!include_reads && !is_write_verb(verb)) || verb == "WATCH" {
+            continue;
+        }
+        let resource = match label("subresource") {
+            "" => label("resource").to_owned(),
+            sub => format!("{}/{sub}", label("resource")),
+        };
+        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        let key = match (label("dry_run"), label("code")) {
+            ("", code) if code.starts_with('2') => format!("{resource} {verb}"),
+            ("", code) => format!("{resource} {verb} ({code})"),
+            (_, _) => format!("{resource} {verb} (dry run)"),
+        };
+        *counts.entry(key).or_default() += count;
+    }
+    counts
+}
+
+/// What grew from `before` to `after`, by key (keys that did not grow are left out).
+pub fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let delta = n.saturating_sub(before.get(key).copied().unwrap_or(0));
+            (delta > 0).then(|| (key.clone(), delta))
+        })
+        .collect()
+}
