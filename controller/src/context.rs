@@ -205,6 +205,11 @@ pub struct Expectations {
 struct Expected {
     created: HashSet<String>,
     deleted: HashSet<String>,
+    /// Runners whose deletion the watch reported while nothing was expected of them. A set records its
+    /// creations when the whole batch has been answered, and a runner made early in a large batch can run its
+    /// job and be gone before then: its creation is settled as it is recorded, or it would be waited for until
+    /// [`EXPECTATION_TIMEOUT`]. Kept until the set's expectations are next settled.
+    departed: HashSet<String>,
     since: Option<Instant>,
 }
 
@@ -214,18 +219,32 @@ const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
 impl Expectations {
     /// Records runners just created by set `key`.
     pub fn created(&self, key: &str, names: impl IntoIterator<Item = String>) {
-        let mut sets = lock(&self.sets);
-        let expected = sets.entry(key.to_owned()).or_default();
-        expected.created.extend(names);
-        expected.since.get_or_insert_with(Instant::now);
+        self.expect(key, names, |expected| &mut expected.created);
     }
 
     /// Records runners just deleted by set `key`.
     pub fn deleted(&self, key: &str, names: impl IntoIterator<Item = String>) {
+        self.expect(key, names, |expected| &mut expected.deleted);
+    }
+
+    /// Adds `names` to the expectations `list` picks, except runners already reported gone.
+    fn expect(
+        &self,
+        key: &str,
+        names: impl IntoIterator<Item = String>,
+        list: impl Fn(&mut Expected) -> &mut HashSet<String>,
+    ) {
         let mut sets = lock(&self.sets);
         let expected = sets.entry(key.to_owned()).or_default();
-        expected.deleted.extend(names);
-        expected.since.get_or_insert_with(Instant::now);
+        let mut added = false;
+        for name in names {
+            if !expected.departed.remove(&name) {
+                added |= list(expected).insert(name);
+            }
+        }
+        if added {
+            expected.since.get_or_insert_with(Instant::now);
+        }
     }
 
     /// Drops what the cache now shows (`seen`: the runner is in the cache at all; `alive`: it is there and not
@@ -271,9 +290,17 @@ impl Expectations {
     pub fn gone(&self, key: &str, name: &str) {
         let mut sets = lock(&self.sets);
         if let Some(expected) = sets.get_mut(key) {
-            expected.created.remove(name);
-            expected.deleted.remove(name);
+            let was_expected = expected.created.remove(name) | expected.deleted.remove(name);
+            if !was_expected {
+                expected.departed.insert(name.to_owned());
+            }
         }
+    }
+
+    /// Set `key` is about to create runners: from now on, deletions the watch reports are remembered until the
+    /// creations are recorded ([`Expectations::created`]).
+    pub fn creating(&self, key: &str) {
+        lock(&self.sets).entry(key.to_owned()).or_default();
     }
 
     /// Forgets set `key` (deleted).
@@ -514,6 +541,33 @@ mod tests {
         assert!(!expectations.satisfied("set", |_| false, |_| false));
         expectations.gone("set", "r1");
         assert!(expectations.satisfied("set", |_| false, |_| false));
+    }
+
+    #[test]
+    fn a_runner_gone_before_its_creation_is_recorded_is_not_waited_for() {
+        let expectations = Expectations::default();
+        // The first runner of a batch ran its job and was deleted before the batch's last creation returned.
+        expectations.creating("set");
+        expectations.gone("set", "r1");
+        expectations.created("set", ["r1".to_owned(), "r2".to_owned()]);
+        assert!(!expectations.satisfied("set", |_| false, |_| false), "r2 not seen yet");
+        assert!(expectations.satisfied("set", |name| name == "r2", |_| false));
+        // Nothing left: not even the tombstone, which went with the settled expectations.
+        assert_eq!(expectations.left("set"), None);
+        assert!(lock(&expectations.sets).is_empty());
+    }
+
+    #[test]
+    fn deletions_outside_a_batch_of_creations_are_not_remembered() {
+        let expectations = Expectations::default();
+        expectations.gone("set", "made-by-someone-else");
+        assert!(lock(&expectations.sets).is_empty());
+        // During a batch they are, until the set's expectations are next settled.
+        expectations.creating("set");
+        expectations.gone("set", "made-by-someone-else");
+        assert_eq!(expectations.left("set"), None, "nothing is waited for");
+        assert!(expectations.satisfied("set", |_| false, |_| false));
+        assert!(lock(&expectations.sets).is_empty());
     }
 
     #[test]

@@ -344,6 +344,8 @@ impl<'a> SetStep<'a> {
             &self.ctx.options.exclude_label_propagation_prefixes,
             &runner_spec_hash(&self.set.spec.ephemeral_runner_spec)?,
         );
+        // Runners of this batch may be gone before it ends (a short job); their deletions must settle them.
+        self.ctx.expectations.creating(&self.key);
         let results: Vec<Result<String>> = stream::iter(0..count)
             .map(|_| {
                 let runner = template.clone();
