@@ -550,7 +550,10 @@ mod tests {
         expectations.creating("set");
         expectations.gone("set", "r1");
         expectations.created("set", ["r1".to_owned(), "r2".to_owned()]);
-        assert!(!expectations.satisfied("set", |_| false, |_| false), "r2 not seen yet");
+        assert!(
+            !expectations.satisfied("set", |_| false, |_| false),
+            "r2 not seen yet"
+        );
         assert!(expectations.satisfied("set", |name| name == "r2", |_| false));
         // Nothing left: not even the tombstone, which went with the settled expectations.
         assert_eq!(expectations.left("set"), None);

@@ -316,7 +316,10 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
     let idle_calls = world.fake.state().counters();
     let requests_idle_end = apiserver_requests(&world.client()).await?;
     let cpu_idle_end = cpu_ticks_of(&processes);
-    let idle_requests = split_requests(test_harness::requests::diff(&requests_idle_start, &requests_idle_end));
+    let idle_requests = split_requests(test_harness::requests::diff(
+        &requests_idle_start,
+        &requests_idle_end,
+    ));
     let product_idle: BTreeMap<String, u64> = idle_requests
         .writes
         .into_iter()
@@ -435,7 +438,10 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
             .sum(),
     );
     report.actions_calls = counters;
-    let requests = split_requests(test_harness::requests::diff(&requests_before, &requests_after));
+    let requests = split_requests(test_harness::requests::diff(
+        &requests_before,
+        &requests_after,
+    ));
     let created = |key: &str| requests.writes.get(key).copied().unwrap_or_default();
     report.pod_creations_per_runner =
         created("pods POST") as f64 / created("ephemeralrunners POST").max(1) as f64;

@@ -64,7 +64,10 @@ pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u6
 }
 
 /// What grew from `before` to `after`, by key (keys that did not grow are left out).
-pub fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+pub fn diff(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
     after
         .iter()
         .filter_map(|(key, n)| {

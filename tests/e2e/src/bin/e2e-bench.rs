@@ -124,8 +124,14 @@ fn print_report(r: &BenchReport) {
         r.finish_to_gone.samples
     );
     for (stage, p) in [
-        ("  finished -> exit written", &r.teardown_stages.exit_written),
-        ("  exit -> deletion seen", &r.teardown_stages.deletion_requested),
+        (
+            "  finished -> exit written",
+            &r.teardown_stages.exit_written,
+        ),
+        (
+            "  exit -> deletion seen",
+            &r.teardown_stages.deletion_requested,
+        ),
         ("  deletion -> gone", &r.teardown_stages.gone),
     ] {
         println!(
