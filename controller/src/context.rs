@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 
 use crate::actions::ActionsClients;
 use crate::metrics::Metrics;
@@ -108,13 +108,24 @@ impl Context {
     }
 
     /// The requeue after a failed reconcile of `object` (the controllers' `error_policy`).
-    pub fn requeue_after_error<K: ResourceExt>(
+    pub fn requeue_after_error<K: ResourceExt + Resource<DynamicType = ()>>(
         &self,
         controller: &'static str,
         object: &K,
         error: &crate::Error,
         policy: ErrorRequeue,
     ) -> Action {
+        let namespace = object.namespace().unwrap_or_default();
+        if error.is_gone(&K::kind(&()), &namespace, &object.name_any()) {
+            tracing::debug!(
+                controller,
+                name = %object.name_any(),
+                namespace,
+                %error,
+                "the object was deleted during its reconcile; nothing left to do"
+            );
+            return Action::await_change();
+        }
         let mut delay = self.backoff.next_delay(&backoff_key(controller, object));
         if policy == ErrorRequeue::SlowForConfiguration && error.is_configuration_problem() {
             delay = delay.max(self.options.configuration_error_backoff);

@@ -357,6 +357,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is a patch of object `kind` `namespace`/`name` that the API server answered 404: the object a
+    /// pass was about was deleted meanwhile (a runner's status written just as its teardown removed it), so
+    /// nothing is left to do and nothing to warn about.
+    pub fn is_gone(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        matches!(
+            self,
+            Self::PatchObject { kind: patched, namespace: ns, name: n, source, .. }
+                if patched == kind && ns == namespace && n == name && is_status(source, 404)
+        )
+    }
+
     /// A bounded label for metrics: the variant name, never the message.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -494,6 +505,29 @@ mod tests {
         assert!(is_status(&api_error(404), 404));
         assert!(!is_status(&api_error(409), 404));
         assert_eq!(api_message(&api_error(403)), "boom");
+    }
+
+    #[test]
+    fn a_patch_answered_404_means_the_patched_object_is_gone() {
+        let patch = |code, name: &str| Error::PatchObject {
+            kind: "EphemeralRunner".into(),
+            what: "status",
+            namespace: "ns".into(),
+            name: name.into(),
+            source: Box::new(api_error(code)),
+        };
+        assert!(patch(404, "r").is_gone("EphemeralRunner", "ns", "r"));
+        assert!(!patch(409, "r").is_gone("EphemeralRunner", "ns", "r"));
+        assert!(!patch(404, "other").is_gone("EphemeralRunner", "ns", "r"));
+        assert!(!patch(404, "r").is_gone("Pod", "ns", "r"));
+        assert!(!patch(404, "r").is_gone("EphemeralRunner", "elsewhere", "r"));
+        let create = Error::CreateObject {
+            kind: "EphemeralRunner".into(),
+            namespace: "ns".into(),
+            name: "r".into(),
+            source: Box::new(api_error(404)),
+        };
+        assert!(!create.is_gone("EphemeralRunner", "ns", "r"));
     }
 
     #[test]
