@@ -169,7 +169,12 @@ pub fn decide(facts: &Facts) -> Next {
             Next::ReadSecret
         }
         PodFact::Live(_) => Next::Follow,
-        PodFact::Terminating { verdict, .. } if *verdict == PodVerdict::Succeeded => Next::Follow,
+        // A runner with a job whose container exited 0 finished it. An idle runner exits 0 too when its pod is
+        // deleted or evicted (SIGTERM): that is a pod taken away, not a finished runner, and it gets a fresh
+        // registration and pod like any idle runner whose pod was deleted.
+        PodFact::Terminating { verdict, .. } if *verdict == PodVerdict::Succeeded && busy => {
+            Next::Follow
+        }
         PodFact::Terminating { .. } if busy => Next::FinishInterrupted,
         PodFact::Terminating { .. } if facts.registered => Next::ReleaseIdle,
         PodFact::Terminating {
@@ -305,6 +310,25 @@ mod tests {
             past_deadline: false,
         };
         assert_eq!(decide(&facts), Next::Follow, "exit 0 is a finished runner");
+    }
+
+    #[test]
+    fn an_idle_runner_exiting_0_as_its_pod_is_evicted_is_not_finished() {
+        let mut facts = fresh();
+        facts.registered = true;
+        facts.pod = PodFact::Terminating {
+            verdict: PodVerdict::Succeeded,
+            past_deadline: false,
+        };
+        assert_eq!(decide(&facts), Next::ReleaseIdle);
+        facts.registered = false;
+        assert_eq!(decide(&facts), Next::AwaitPodGone);
+        facts.has_job = true;
+        assert_eq!(
+            decide(&facts),
+            Next::Follow,
+            "with a job, exit 0 finished it"
+        );
     }
 
     #[test]

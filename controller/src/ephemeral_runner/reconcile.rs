@@ -80,10 +80,15 @@ const SERVICE_RETRY: Duration = Duration::from_secs(1);
 const MAX_STEPS: usize = 16;
 
 /// Whether a runner's end has come, which the teardown lane carries out ([`teardown`]): it is being deleted, or
-/// its pod succeeded (the runner ran its one job and exited 0) while it is not already done.
+/// its pod succeeded (the runner ran its one job and exited 0) while it is not already done. A pod being deleted
+/// whose idle runner exited 0 on the way is the main lane's: a pod taken away (`decide`).
 pub fn in_teardown(runner: &EphemeralRunner, pod: Option<&Pod>) -> bool {
     runner.meta().deletion_timestamp.is_some()
-        || (!runner.is_done() && pod.is_some_and(|pod| judge_pod(pod) == PodVerdict::Succeeded))
+        || (!runner.is_done()
+            && pod.is_some_and(|pod| {
+                judge_pod(pod) == PodVerdict::Succeeded
+                    && (pod.meta().deletion_timestamp.is_none() || runner.has_job())
+            }))
 }
 
 /// The teardown lane's pass ([`super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
@@ -1475,6 +1480,16 @@ mod tests {
             &runner(false, phase::FAILED),
             Some(&succeeded)
         ));
+        // An idle runner that exited 0 as its pod was deleted or evicted: a pod taken away, the main lane's.
+        let mut evicted = succeeded.clone();
+        evicted.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(1).unwrap()));
+        assert!(!in_teardown(&runner(false, phase::RUNNING), Some(&evicted)));
+        let mut busy = runner(false, phase::RUNNING);
+        busy.status.as_mut().unwrap().job_id = "job".into();
+        assert!(
+            in_teardown(&busy, Some(&evicted)),
+            "with a job, exit 0 finished it"
+        );
     }
 
     #[test]

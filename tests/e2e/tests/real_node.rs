@@ -113,9 +113,10 @@ async fn an_idle_runners_pod_deleted_gets_a_fresh_registration_and_pod_not_a_fai
         .expect("delete the idle runner's pod");
 
     // A fresh registration and a new pod take the idle runner's place, and nothing counts as a failure.
-    // Usually the same EphemeralRunner gets them (docs/runner-lifecycle.md, "A pod deleted, evicted or stuck
-    // terminating"); when the runner sees its registration removed before SIGTERM arrives it exits 0, which is
-    // a finished runner, and the set replaces it with a new EphemeralRunner: both are correct.
+    // The same EphemeralRunner gets them (docs/runner-lifecycle.md, "A pod deleted, evicted or stuck
+    // terminating"), also when the runner saw its registration removed and exited 0 on the way: an idle runner's
+    // exit 0 in a pod being deleted is a pod taken away, not a finished runner. A new EphemeralRunner in its
+    // place (a finished one replaced by the set) would be correct too.
     let after = world.wait_idle(1).await.remove(0);
     let status = after.status.clone().unwrap_or_default();
     assert_ne!(status.runner_id, old_runner_id, "a fresh registration");
@@ -586,8 +587,8 @@ async fn a_runner_exiting_1_five_times_is_given_up_and_replaced() {
 /// evicted through the Eviction API (the listener's too), then uncordon. What an ARC user expects, and what
 /// happens:
 /// - **idle runners**: their registrations are removed at once (the service can give them no job in their
-///   last seconds) and they are replaced by runners with fresh JIT configs (a runner whose process saw its
-///   registration go exits 0 and is finished: as in ARC, the set replaces it at the listener's next patch),
+///   last seconds) and they get fresh JIT configs and new pods (also when the runner process saw its
+///   registration go and exited 0: an idle runner's exit in a pod being deleted is not a finished runner),
 ///   whose pods wait `Unschedulable` while the node is cordoned and run once it is uncordoned; no failure is
 ///   counted;
 /// - **the busy runner**: evicting its pod stops the runner (SIGTERM), so its job fails, as GitHub reports a
@@ -701,9 +702,10 @@ async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_r
         (JobState::Completed, Some("failed"), 1),
         "the busy runner's job failed once, as its runner was stopped: {job:?}"
     );
-    // While the node is cordoned a runner that got a new pod waits for the node: the scheduler says so. (The
-    // runners whose process exited 0 on the way are finished; like ARC, the set replaces them at the
-    // listener's next patch, and the listener's own pod waits for the node too.)
+    // While the node is cordoned a runner that got a new pod waits for the node: the scheduler says so. (Every
+    // idle runner gets one, also one whose process exited 0 on the way; before that was so, a run where both
+    // idle runners exited 0 first had no pod to wait, as the set replaces finished runners only at the
+    // listener's next patch and the listener's own pod waits for the node too.)
     let unschedulable = world
         .eventually("a runner pod waiting for the cordoned node", || async {
             world.runner_pods().await.into_iter().find(|p| {
