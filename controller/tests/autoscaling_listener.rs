@@ -9,19 +9,11 @@ use crds::EphemeralRunner;
 use fake_actions_service::EnqueueJobs;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
-use test_harness::ListenerExecutor;
 
 #[tokio::test]
 async fn a_queued_job_reaches_the_runner_set_through_the_listener() {
     let env = Env::new("al-e2e").await;
-    let binary = test_harness::workspace_binary("listener", "listener").expect("listener binary");
-    let executor = ListenerExecutor::start(
-        env.ctx.control_plane,
-        env.client(),
-        Some(&env.controller_namespace),
-        binary,
-    )
-    .expect("executor");
+    let executor = env.listener_executor();
     let manager = env.start(env.options());
     env.create_runner_set("e2e", env.runner_set_spec()).await;
 
@@ -69,14 +61,7 @@ async fn a_queued_job_reaches_the_runner_set_through_the_listener() {
 #[tokio::test]
 async fn a_failing_listener_is_recreated_and_reported() {
     let env = Env::new("al-failing").await;
-    let binary = test_harness::workspace_binary("listener", "listener").expect("listener binary");
-    let executor = ListenerExecutor::start(
-        env.ctx.control_plane,
-        env.client(),
-        Some(&env.controller_namespace),
-        binary,
-    )
-    .expect("executor");
+    let executor = env.listener_executor();
     let mut options = env.options();
     // A log format the listener refuses makes it exit at start-up.
     options.listener.log_format = "xml".to_owned();

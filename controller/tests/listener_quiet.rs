@@ -9,7 +9,6 @@ mod ars_support;
 use std::collections::BTreeMap;
 
 use ars_support::Env;
-use test_harness::ListenerExecutor;
 use test_harness::requests::{count, diff};
 
 async fn requests(env: &Env) -> BTreeMap<String, u64> {
@@ -19,14 +18,7 @@ async fn requests(env: &Env) -> BTreeMap<String, u64> {
 #[tokio::test]
 async fn a_running_listeners_periodic_passes_write_nothing() {
     let env = Env::new("al-quiet").await;
-    let binary = test_harness::workspace_binary("listener", "listener").expect("listener binary");
-    let executor = ListenerExecutor::start(
-        env.ctx.control_plane,
-        env.client(),
-        Some(&env.controller_namespace),
-        binary,
-    )
-    .expect("executor");
+    let executor = env.listener_executor();
     // The test options' resync is 5 s, so a running listener gets a pass every 5 s.
     let manager = env.start(env.options());
     env.create_runner_set("quiet", env.runner_set_spec()).await;

@@ -44,17 +44,6 @@ fn options(env: &Env, check: Duration) -> controller::Options {
     options
 }
 
-fn executor(env: &Env) -> ListenerExecutor {
-    let binary = test_harness::workspace_binary("listener", "listener").expect("listener binary");
-    ListenerExecutor::start(
-        env.ctx.control_plane,
-        env.client(),
-        Some(&env.controller_namespace),
-        binary,
-    )
-    .expect("listener executor")
-}
-
 /// A PAT client of the fake, standing for another installation.
 fn another_client(url: &str) -> ActionsClient {
     ActionsClient::new(
@@ -229,7 +218,7 @@ async fn a_scale_set_claimed_by_another_listener_is_not_served_until_it_is_relea
         .message_session(id, "another-installation")
         .await
         .expect("the other installation's session");
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     let claimed = assert_not_served(&env, &manager, "claimed", "SessionConflict").await;
     assert!(
         claimed
@@ -293,7 +282,7 @@ async fn credentials_the_service_rejects_are_reported_until_it_accepts_them_agai
             ..Faults::default()
         })
         .expect("faults");
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     let rejected = assert_not_served(&env, &manager, "creds", "CredentialsRejected").await;
     assert!(
         rejected.message.contains(&format!(
@@ -323,7 +312,7 @@ async fn a_scale_set_deleted_in_the_service_is_reported_until_it_is_recreated() 
     env.create_runner_set("missing", env.runner_set_spec())
         .await;
     let id = scale_set_id(&env, "missing").await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     assert_served(&env, &manager, "missing").await;
 
     // Someone deletes the scale set in GitHub; the manager only looks again after its check interval.
@@ -433,7 +422,7 @@ async fn an_unreachable_service_is_reported_until_it_is_back() {
     spec.github_config_url = relay.url();
     env.create_runner_set("down", spec).await;
     scale_set_id(&env, "down").await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     assert_served(&env, &manager, "down").await;
 
     relay.stop().await;
@@ -548,7 +537,7 @@ async fn runner_pods_refused_by_a_quota_keep_the_set_from_being_ready() {
     options.runner.pod_rejection_retry = Duration::from_secs(2);
     let manager = env.start(options);
     env.create_runner_set("quota", one_runner_spec(&env)).await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     condition(&env, "quota", "ListenerReady", "True", "SessionHeld").await;
     let blocked = assert_runners_blocked(&env, "quota", "PodCreationRejected").await;
     assert!(blocked.message.contains("quota"), "{}", blocked.message);
@@ -571,7 +560,7 @@ async fn runner_images_that_cannot_be_pulled_keep_the_set_from_being_ready() {
     let env = Env::with_fake("served-image", fake_config()).await;
     let manager = env.start(options(&env, Duration::from_secs(600)));
     env.create_runner_set("image", one_runner_spec(&env)).await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     condition(&env, "image", "ListenerReady", "True", "SessionHeld").await;
     let pod = runner_pod(&env).await.name_any();
     let image = "registry.example/runner:missing";
@@ -616,7 +605,7 @@ async fn runner_pods_pending_too_long_keep_the_set_from_being_ready() {
     let manager = env.start(options);
     env.create_runner_set("pending", one_runner_spec(&env))
         .await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     condition(&env, "pending", "ListenerReady", "True", "SessionHeld").await;
     let pod = runner_pod(&env).await.name_any();
     let blocked = assert_runners_blocked(&env, "pending", "PodPendingTooLong").await;
@@ -656,7 +645,7 @@ async fn runners_whose_pod_cannot_be_built_keep_the_set_from_being_ready_until_t
         pod.containers[0].name = "main".to_owned();
     }
     env.create_runner_set("invalid", spec).await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     condition(&env, "invalid", "ListenerReady", "True", "SessionHeld").await;
     let blocked = assert_runners_blocked(&env, "invalid", "InvalidPod").await;
     assert!(blocked.message.contains("runner"), "{}", blocked.message);
@@ -690,7 +679,7 @@ async fn runner_pods_that_fail_again_and_again_keep_the_set_from_being_ready() {
     let manager = env.start(options(&env, Duration::from_secs(600)));
     env.create_runner_set("failing", one_runner_spec(&env))
         .await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     condition(&env, "failing", "ListenerReady", "True", "SessionHeld").await;
     // The test plays the kubelet: every pod of the runner exits 1 before the runner comes up.
     let pods: Api<k8s_openapi::api::core::v1::Pod> = env.ctx.api();
@@ -852,7 +841,7 @@ async fn runner_pods_no_node_fits_keep_the_set_from_being_ready_until_a_node_fit
     let manager = env.start(options(&env, Duration::from_secs(600)));
     env.create_runner_set("no-node", pool_spec(&env, scheduler, &pool))
         .await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     condition(&env, "no-node", "ListenerReady", "True", "SessionHeld").await;
     // No node has the pool's label: the scheduler says so on the pod (PodScheduled=False, Unschedulable).
     let blocked = assert_runners_blocked(&env, "no-node", "PodUnschedulable").await;
@@ -901,7 +890,7 @@ async fn runner_pods_no_node_fits_keep_the_set_from_being_ready_until_the_templa
         pool_spec(&env, scheduler, &format!("{pool}-typo")),
     )
     .await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     condition(&env, "selector", "ListenerReady", "True", "SessionHeld").await;
     let blocked = assert_runners_blocked(&env, "selector", "PodUnschedulable").await;
     assert!(
@@ -1000,7 +989,7 @@ async fn a_listener_that_hangs_is_reported_until_it_polls_again() {
     let manager = env.start(options(&env, Duration::from_secs(600)));
     env.create_runner_set("hung", env.runner_set_spec()).await;
     scale_set_id(&env, "hung").await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     assert_served(&env, &manager, "hung").await;
     let (_, pid) = listener_pid(&env, &executor, "hung").await;
 
@@ -1055,7 +1044,7 @@ async fn a_listener_that_never_opens_its_session_is_reported_until_it_does() {
             ..Faults::default()
         })
         .expect("faults");
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     let (name, pid) = listener_pid(&env, &executor, "stuck").await;
     env.eventually("the listener's first report", || async {
         let report = env.listeners().get(&name).await.ok()?.status?;
@@ -1270,7 +1259,7 @@ async fn under_an_older_charts_rbac_the_listener_scales_without_reporting_and_th
     let task = tokio::spawn(manager.run(shutdown.clone()));
     env.create_runner_set("old", env.runner_set_spec()).await;
     let id = scale_set_id(&env, "old").await;
-    let executor = executor(&env);
+    let executor = env.listener_executor();
     let (name, _) = listener_pid(&env, &executor, "old").await;
 
     // The listener holds its session and scales, though it may not report: jobs raise the replicas it writes.

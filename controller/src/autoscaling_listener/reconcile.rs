@@ -279,27 +279,44 @@ impl<'a> Step<'a> {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
     {
-        let name = desired.meta().name.clone().unwrap_or_default();
-        let existing = api
-            .get_opt(&name)
-            .await
-            .map_err(|source| Error::ReadObjects {
-                kind: K::kind(&()),
-                namespace: desired.meta().namespace.clone().unwrap_or_default(),
-                source: Box::new(source),
-            })?;
+        let existing = self.read(api, desired).await?;
+        self.ensure_over(api, existing, desired, also_same).await
+    }
+
+    /// The object `desired` names, from the API server.
+    async fn read<K>(&self, api: &Api<K>, desired: &K) -> Result<Option<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    {
+        get_if_present(
+            api,
+            &desired.meta().name.clone().unwrap_or_default(),
+            &desired.meta().namespace.clone().unwrap_or_default(),
+        )
+        .await
+    }
+
+    /// Keeps `existing` when it is as this controller builds `desired` (see [`Self::ensure`]), else applies
+    /// `desired`.
+    async fn ensure_over<K>(
+        &self,
+        api: &Api<K>,
+        existing: Option<K>,
+        desired: &K,
+        also_same: impl Fn(&K, &K) -> bool,
+    ) -> Result<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
+    {
+        let contains = |have: &BTreeMap<String, String>, want: &BTreeMap<String, String>| {
+            want.iter().all(|(key, value)| have.get(key) == Some(value))
+        };
         match existing {
             Some(existing)
                 if hash_of(&existing) == hash_of(desired)
                     && existing.owner_references() == desired.owner_references()
-                    && desired
-                        .labels()
-                        .iter()
-                        .all(|(key, value)| existing.labels().get(key) == Some(value))
-                    && desired
-                        .annotations()
-                        .iter()
-                        .all(|(key, value)| existing.annotations().get(key) == Some(value))
+                    && contains(existing.labels(), desired.labels())
+                    && contains(existing.annotations(), desired.annotations())
                     && also_same(&existing, desired) =>
             {
                 Ok(existing)
@@ -311,22 +328,16 @@ impl<'a> Step<'a> {
     /// The RoleBinding; its `roleRef` cannot change in place, so a binding pointing elsewhere is replaced.
     async fn ensure_role_binding(&self, desired: &RoleBinding) -> Result<RoleBinding> {
         let api = self.bindings();
-        let existing = api
-            .get_opt(&self.name)
-            .await
-            .map_err(|source| Error::ReadObjects {
-                kind: RoleBinding::kind(&()),
-                namespace: self.runner_set_namespace().to_owned(),
-                source: Box::new(source),
-            })?;
+        let mut existing = self.read(&api, desired).await?;
         if existing
             .as_ref()
             .is_some_and(|binding| binding.role_ref != desired.role_ref)
         {
             delete_if_present(&api, &self.name, self.runner_set_namespace()).await?;
+            existing = None;
         }
-        self.ensure_with(&api, desired, |existing, desired| {
-            existing.role_ref == desired.role_ref && existing.subjects == desired.subjects
+        self.ensure_over(&api, existing, desired, |existing, desired| {
+            existing.subjects == desired.subjects
         })
         .await
     }

@@ -177,6 +177,19 @@ impl Env {
         options
     }
 
+    /// Runs the listener pods of this test's controller namespace as the real listener binary.
+    pub fn listener_executor(&self) -> test_harness::ListenerExecutor {
+        let binary =
+            test_harness::workspace_binary("listener", "listener").expect("listener binary");
+        test_harness::ListenerExecutor::start(
+            self.ctx.control_plane,
+            self.client(),
+            Some(&self.controller_namespace),
+            binary,
+        )
+        .expect("listener executor")
+    }
+
     pub fn start(&self, options: Options) -> Running {
         let shutdown = CancellationToken::new();
         let manager = Manager::new(self.ctx.client.clone(), options);
