@@ -69,6 +69,9 @@ pub struct Settings {
     /// How often the AutoscalingListener status is rewritten when only the last poll time or the figures
     /// changed (changes of session or errors are written at once).
     pub status_heartbeat: Duration,
+    /// How long a scaling patch that cannot raise the target may wait to be joined by the next ones (0: every
+    /// message patches at once, as ARC's listener does). See [`crate::scaling::may_defer`].
+    pub patch_coalesce_window: Duration,
 }
 
 impl Settings {
@@ -90,6 +93,7 @@ impl Default for Settings {
             http,
             close_timeout: Duration::from_secs(30),
             runner_patch_attempts: 10,
+            patch_coalesce_window: Duration::from_secs(1),
             status_heartbeat: Duration::from_secs(30),
         }
     }
@@ -156,6 +160,8 @@ pub struct MessageLoop<T> {
     wake_at: Option<tokio::time::Instant>,
     /// The decision of the last scaling step.
     last_decision: Option<crate::scaling::Decision>,
+    /// When a deferred scaling patch is due ([`crate::scaling::may_defer`]); `None` when none is waiting.
+    flush_at: Option<tokio::time::Instant>,
 }
 
 impl<T: RunnerSetTarget> MessageLoop<T> {
@@ -198,6 +204,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             policy,
             wake_at: None,
             last_decision: None,
+            flush_at: None,
         })
     }
 
@@ -299,9 +306,14 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         tokio::pin!(poll);
         loop {
             let wake = self.wake_at;
+            let flush = self.flush_at;
             tokio::select! {
                 polled = &mut poll => return Ok(Some(polled)),
                 () = sleep_until(wake) => self.wake_up().await?,
+                () = sleep_until(flush) => {
+                    let desired = self.scale(self.latest.total_assigned_jobs).await?;
+                    self.record_desired(desired);
+                }
                 () = shutdown.cancelled() => return Ok(None),
             }
         }
@@ -442,7 +454,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         // moment the message was fetched, and every second spent on status patches lets more of the jobs they
         // count finish, so the ERS would create runners for jobs that are already done. A batch with JobStarted
         // is eventful, so this patch can only scale up: busy runners are never at risk before their patch lands.
-        let scaled = self.scale(self.latest.total_assigned_jobs).await;
+        let scaled = self.scale_or_defer(self.latest.total_assigned_jobs).await;
         self.patch_started_runners(started).await;
         let desired = scaled?;
         self.record_desired(desired);
@@ -542,6 +554,35 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         self.scale_step(assigned_jobs, false).await
     }
 
+    /// The scaling step after a message with job events: a patch that raises the target goes now, one that
+    /// cannot waits up to [`Settings::patch_coalesce_window`] for the next ([`crate::scaling::may_defer`]). Returns
+    /// the desired count either way.
+    async fn scale_or_defer(&mut self, assigned_jobs: i64) -> Result<i64> {
+        let plan = self.policy.plan(
+            assigned_jobs,
+            jiff::Timestamp::now(),
+            tokio::time::Instant::now(),
+        );
+        let max = i64::from(self.scale_set.max_runners);
+        let target = crate::scaling::desired_replicas(plan.assigned_jobs, plan.min_runners, max);
+        let window = self.settings.patch_coalesce_window;
+        if !self.rescale_pending
+            && crate::scaling::may_defer(
+                target,
+                self.scaler.target(),
+                self.scaler.is_dirty(),
+                window,
+            )
+        {
+            self.wake_at = plan.wake_at;
+            let due = tokio::time::Instant::now() + window;
+            self.flush_at = Some(self.flush_at.map_or(due, |at| at.min(due)));
+            tracing::debug!(target, "scaling patch deferred to join the next ones");
+            return Ok(target);
+        }
+        self.scale_step(assigned_jobs, false).await
+    }
+
     /// A scaling step; with `settle`, a quiet step whose target did not change asks the set to converge even
     /// above the minimum ([`crate::scaling::Scaler::settle`]).
     async fn scale_step(&mut self, assigned_jobs: i64, settle: bool) -> Result<i64> {
@@ -563,6 +604,8 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         if let Some(m) = &self.metrics {
             m.record_policy(plan.min_runners, plan.held_runners);
         }
+        // This patch carries the latest demand: whatever waited to be joined is in it.
+        self.flush_at = None;
         let patch = runner_set_patch(decision);
         tracing::info!(
             assigned_jobs,

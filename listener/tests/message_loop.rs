@@ -671,3 +671,52 @@ async fn failing_runner_patches_are_queued_without_stalling_scaling() {
     running.assert_running();
     running.stop().await;
 }
+
+/// Patches that cannot raise the target wait up to the coalescing window and go as one (the listener's default;
+/// the other tests patch after every message, as ARC does): jobs that end one message after another cost the API
+/// server one patch, not one each, while new jobs are still scaled for at once and the set ends at the right size.
+#[tokio::test]
+async fn patches_after_completions_are_joined_and_scale_ups_go_at_once() {
+    let settings = Settings {
+        patch_coalesce_window: Duration::from_secs(1),
+        ..fast_settings()
+    };
+    let running = Running::start_with(fake_config(), 0, 20, settings, |_, _| {}).await;
+    running.wait_replicas(0, "initial patch").await;
+    let jobs = running.enqueue(6);
+    running.wait_replicas(6, "six jobs assigned").await;
+    let messages = |running: &Running| {
+        running
+            .fake
+            .state()
+            .counters()
+            .get("delete_message")
+            .copied()
+            .unwrap_or(0)
+    };
+    let (patches_before, messages_before) =
+        (running.target.set_patches().len(), messages(&running));
+    for id in &jobs[..5] {
+        running.fake.state().cancel_job(*id).expect("cancel");
+        // Each its own message: the loop acknowledges one before the next job ends.
+        let before = messages(&running);
+        let acked = eventually(WAIT, || messages(&running) > before).await;
+        assert!(acked, "the completion's message is acknowledged");
+    }
+    running.wait_replicas(1, "five of six jobs done").await;
+    let completion_messages = messages(&running) - messages_before;
+    let completion_patches = running.target.set_patches().len() - patches_before;
+    assert!(completion_messages >= 5, "{completion_messages} messages");
+    assert!(
+        completion_patches < completion_messages as usize,
+        "{completion_patches} patches for {completion_messages} messages: {:?}",
+        running.target.set_patches()
+    );
+    // A new job raises the target: its patch does not wait.
+    running.enqueue(2);
+    running.wait_replicas(3, "two more jobs").await;
+    let ids = patch_ids(&running.target.set_patches());
+    let nonzero: Vec<i64> = ids.into_iter().filter(|id| *id != 0).collect();
+    assert!(nonzero.windows(2).all(|w| w[0] < w[1]), "{nonzero:?}");
+    running.stop().await;
+}

@@ -213,7 +213,39 @@ fn steps() -> impl Strategy<Value = Vec<(bool, i64)>> {
     prop::collection::vec((any::<bool>(), 0i64..200), 1..60)
 }
 
+#[test]
+fn only_patches_that_cannot_raise_the_target_wait() {
+    let window = std::time::Duration::from_secs(1);
+    // A job finished: the target falls; the patch may wait.
+    assert!(may_defer(9, 10, true, window));
+    // A job started: same target; it may wait.
+    assert!(may_defer(10, 10, true, window));
+    // New jobs: the patch goes at once.
+    assert!(!may_defer(11, 10, true, window));
+    // The first patch of a process, and a quiet step (it may be the "converge" patch): at once.
+    assert!(!may_defer(0, -1, true, window));
+    assert!(!may_defer(5, 10, false, window));
+    // No window: ARC's behaviour.
+    assert!(!may_defer(9, 10, true, std::time::Duration::ZERO));
+}
+
 proptest! {
+    /// A patch that waits never carries a higher target than the set already has, and never a converge.
+    #[test]
+    fn a_deferred_patch_never_scales_up_or_converges(
+        target in -1i64..50,
+        last_sent in -1i64..50,
+        eventful: bool,
+        window_ms in 0u64..3000,
+    ) {
+        let window = std::time::Duration::from_millis(window_ms);
+        if may_defer(target, last_sent, eventful, window) {
+            prop_assert!(target <= last_sent);
+            prop_assert!(eventful);
+            prop_assert!(!window.is_zero());
+        }
+    }
+
     #[test]
     fn target_stays_within_bounds(assigned in 0i64..i64::MAX, min in 0i64..1000, extra in 0i64..i64::from(i32::MAX)) {
         let max = min.saturating_add(extra);

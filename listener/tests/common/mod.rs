@@ -67,6 +67,8 @@ pub fn fast_settings() -> Settings {
         close_timeout: Duration::from_secs(5),
         runner_patch_attempts: 5,
         status_heartbeat: Duration::from_secs(2),
+        // Every message patches, as in ARC: these tests follow the protocol patch by patch.
+        patch_coalesce_window: Duration::ZERO,
     }
 }
 
