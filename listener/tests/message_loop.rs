@@ -672,19 +672,28 @@ async fn failing_runner_patches_are_queued_without_stalling_scaling() {
     running.stop().await;
 }
 
-/// Patches that cannot raise the target wait up to the coalescing window and go as one (the listener's default;
-/// the other tests patch after every message, as ARC does): jobs that end one message after another cost the API
-/// server one patch, not one each, while new jobs are still scaled for at once and the set ends at the right size.
+/// Patches that repeat the target wait up to the coalescing window and go as one (the listener's default; the
+/// other tests patch after every message, as ARC does): jobs that start one message after another cost the API
+/// server one patch, not one each, while a change of the target still goes at once and the set ends right.
 #[tokio::test]
-async fn patches_after_completions_are_joined_and_scale_ups_go_at_once() {
+async fn patches_after_starts_are_joined_and_changes_go_at_once() {
     let settings = Settings {
         patch_coalesce_window: Duration::from_secs(1),
         ..fast_settings()
     };
     let running = Running::start_with(fake_config(), 0, 20, settings, |_, _| {}).await;
     running.wait_replicas(0, "initial patch").await;
-    let jobs = running.enqueue(6);
-    running.wait_replicas(6, "six jobs assigned").await;
+    for n in 0..5 {
+        online_runner(&running.fake, running.scale_set_id, &format!("runner-{n}")).await;
+    }
+    let jobs = running.enqueue(5);
+    running.wait_replicas(5, "five jobs assigned").await;
+    let assigned = eventually(WAIT, || {
+        jobs.iter()
+            .all(|id| running.fake.state().job(*id).unwrap().runner_name.is_some())
+    })
+    .await;
+    assert!(assigned, "every job reaches a runner");
     let messages = |running: &Running| {
         running
             .fake
@@ -694,27 +703,39 @@ async fn patches_after_completions_are_joined_and_scale_ups_go_at_once() {
             .copied()
             .unwrap_or(0)
     };
+    // Let the assignments' messages be handled and their patch go.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let (patches_before, messages_before) =
         (running.target.set_patches().len(), messages(&running));
-    for id in &jobs[..5] {
-        running.fake.state().cancel_job(*id).expect("cancel");
-        // Each its own message: the loop acknowledges one before the next job ends.
+    for id in &jobs {
         let before = messages(&running);
+        running.fake.state().start_job(*id).expect("start");
+        // Each its own message: the loop acknowledges one before the next job starts.
         let acked = eventually(WAIT, || messages(&running) > before).await;
-        assert!(acked, "the completion's message is acknowledged");
+        assert!(acked, "the start's message is acknowledged");
     }
-    running.wait_replicas(1, "five of six jobs done").await;
-    let completion_messages = messages(&running) - messages_before;
-    let completion_patches = running.target.set_patches().len() - patches_before;
-    assert!(completion_messages >= 5, "{completion_messages} messages");
+    let start_messages = messages(&running) - messages_before;
+    let start_patches = running.target.set_patches().len() - patches_before;
+    assert!(start_messages >= 5, "{start_messages} messages");
     assert!(
-        completion_patches < completion_messages as usize,
-        "{completion_patches} patches for {completion_messages} messages: {:?}",
+        start_patches < start_messages as usize,
+        "{start_patches} patches for {start_messages} messages: {:?}",
         running.target.set_patches()
     );
-    // A new job raises the target: its patch does not wait.
-    running.enqueue(2);
-    running.wait_replicas(3, "two more jobs").await;
+    // The waiting patch goes within the window, with the same target.
+    let flushed = eventually(WAIT, || {
+        running.target.set_patches().len() > patches_before + start_patches
+    })
+    .await;
+    assert!(flushed, "{:?}", running.target.set_patches());
+    assert_eq!(running.target.replicas(), 5);
+    // A job that ends lowers the target: its patch does not wait.
+    running
+        .fake
+        .state()
+        .finish_job(jobs[0], "succeeded")
+        .expect("finish");
+    running.wait_replicas(4, "one job done").await;
     let ids = patch_ids(&running.target.set_patches());
     let nonzero: Vec<i64> = ids.into_iter().filter(|id| *id != 0).collect();
     assert!(nonzero.windows(2).all(|w| w[0] < w[1]), "{nonzero:?}");
