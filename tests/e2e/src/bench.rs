@@ -199,6 +199,13 @@ pub struct BenchReport {
     pub write_bound_jobs_per_sec: f64,
     /// Measured throughput over that bound.
     pub ratio_to_write_bound: f64,
+    /// The same API server taking as many runners through the writes of their life with no controller logic
+    /// ([`crate::lifecycle_baseline`]).
+    pub lifecycle_baseline: crate::lifecycle_baseline::LifecycleBaseline,
+    /// Measured throughput over the lifecycle baseline's runners per second.
+    pub ratio_to_lifecycle: f64,
+    /// Burst → all pods over the lifecycle baseline's time to all pods.
+    pub pods_time_over_lifecycle: f64,
     /// The manager's command-line flags in this run.
     pub manager_flags: Vec<String>,
     /// The flags the controller chart gives the manager with its default values.
@@ -368,6 +375,18 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
         report.write_bound_jobs_per_sec =
             report.baseline.writes_per_sec / report.kubernetes_writes_per_job;
         report.ratio_to_write_bound = report.jobs_per_sec / report.write_bound_jobs_per_sec;
+    }
+    let namespace = test_harness::create_namespace(&world.client(), "bench-lifecycle").await?;
+    report.lifecycle_baseline =
+        crate::lifecycle_baseline::run(&world.client(), &namespace, objects, BASELINE_WRITERS)
+            .await?;
+    if report.lifecycle_baseline.runners_per_sec > 0.0 {
+        report.ratio_to_lifecycle = report.jobs_per_sec / report.lifecycle_baseline.runners_per_sec;
+    }
+    if let Some(pods) = report.burst_to_pods_secs
+        && report.lifecycle_baseline.all_pods_secs > 0.0
+    {
+        report.pods_time_over_lifecycle = pods / report.lifecycle_baseline.all_pods_secs;
     }
     world.shutdown().await?;
     Ok(report)

@@ -17,6 +17,7 @@ pub mod bench;
 pub mod chaos;
 pub mod checks;
 pub mod cli;
+pub mod lifecycle_baseline;
 pub mod many_sets;
 pub mod node_world;
 pub mod simulator;

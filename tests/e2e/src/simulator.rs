@@ -717,7 +717,7 @@ fn container_status(ready: bool, state: Value) -> Value {
     })
 }
 
-fn running_status() -> Value {
+pub(crate) fn running_status() -> Value {
     let now = now();
     json!({"status": {
         "phase": "Running",
@@ -729,7 +729,7 @@ fn running_status() -> Value {
     }})
 }
 
-fn terminated_status(exit_code: i32, reason: &str, message: &str) -> Value {
+pub(crate) fn terminated_status(exit_code: i32, reason: &str, message: &str) -> Value {
     let now = now();
     let phase = if exit_code == 0 {
         "Succeeded"

@@ -202,6 +202,20 @@ fn print_report(r: &BenchReport) {
         "write bound                {:.1} jobs/s at {:.2} writes per job; measured/bound = {:.2}",
         r.write_bound_jobs_per_sec, r.kubernetes_writes_per_job, r.ratio_to_write_bound
     );
+    let life = &r.lifecycle_baseline;
+    println!(
+        "lifecycle baseline         {:.1} runners/s ({} runners, {} writes each, {} at once, {:.2} s; all pods in {:.2} s)",
+        life.runners_per_sec,
+        life.runners,
+        e2e::lifecycle_baseline::WRITES_PER_RUNNER,
+        life.concurrency,
+        life.secs,
+        life.all_pods_secs
+    );
+    println!(
+        "against the lifecycle      throughput {:.2} of it; burst -> pods {:.2}x its time to all pods",
+        r.ratio_to_lifecycle, r.pods_time_over_lifecycle
+    );
     if r.problems.is_empty() {
         println!("checks                     every job completed exactly once");
     } else {
