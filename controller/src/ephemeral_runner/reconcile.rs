@@ -377,6 +377,34 @@ impl<'a> Step<'a> {
         self.runner.status.clone().unwrap_or_default()
     }
 
+    /// Whether the runner's end came while this pass ran: the teardown lane finalized it, or the caches now show it
+    /// deleted or its pod finished. A pass whose writes waited behind a burst's creations (the main lane's client
+    /// rate limit) then has nothing left to mirror: its write would reach a runner on its way out, or one already
+    /// gone (answered 404; 0.43 status writes per job in a 500-job burst, docs/benchmarks.md).
+    fn ended_meanwhile(&self) -> bool {
+        if self.ctx.runner_memory.was_finalized(&self.uid) {
+            return true;
+        }
+        let runner_going = self
+            .ctx
+            .stores
+            .runners
+            .get(&ObjectRef::new(&self.name).within(&self.namespace))
+            .is_none_or(|cached| {
+                cached.uid().as_deref() != Some(self.uid.as_str())
+                    || cached.meta().deletion_timestamp.is_some()
+            });
+        let pod_ended = self
+            .ctx
+            .stores
+            .pods
+            .get(&ObjectRef::new(&self.name).within(&self.namespace))
+            .is_some_and(|pod| {
+                pod.meta().deletion_timestamp.is_some() || judge_pod(&pod) == PodVerdict::Succeeded
+            });
+        runner_going || pod_ended
+    }
+
     fn failures(&self) -> usize {
         self.runner
             .status
@@ -1020,6 +1048,7 @@ impl<'a> Step<'a> {
         }
         if let Some(metadata) = job_metadata(&status)
             && !metadata.is_on(pod)
+            && !self.ended_meanwhile()
         {
             self.apply_job_metadata(&metadata, &pod_uid).await?;
         }
@@ -1099,7 +1128,7 @@ impl<'a> Step<'a> {
         identity: Option<&JitIdentity>,
     ) -> Result<Action> {
         let status = self.status();
-        if status.phase != pod_phase || status.ready != ready {
+        if (status.phase != pod_phase || status.ready != ready) && !self.ended_meanwhile() {
             let mut patch = StatusPatch {
                 phase: Some(RunnerPhase::of_pod(pod_phase)),
                 ready: Some(ready),
