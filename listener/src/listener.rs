@@ -124,6 +124,18 @@ enum Flow {
     Stop,
 }
 
+/// How a scaling step treats its patch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    /// Patch, as ARC does.
+    Always,
+    /// Patch; a quiet step whose target did not change asks the set to converge even above the minimum
+    /// ([`crate::scaling::Scaler::settle`]).
+    Settle,
+    /// After a message with job events: a patch that repeats the target may wait ([`crate::scaling::may_defer`]).
+    MayDefer,
+}
+
 /// A status patch that failed and is tried again later.
 struct PendingRunnerPatch {
     runner: String,
@@ -330,7 +342,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         let desired = self.scale(self.latest.total_assigned_jobs).await?;
         self.record_desired(desired);
         if desired < before && self.last_decision.is_some_and(|d| d.patch_id != 0) {
-            self.scale_step(self.latest.total_assigned_jobs, true)
+            self.scale_step(self.latest.total_assigned_jobs, StepKind::Settle)
                 .await?;
         }
         Ok(())
@@ -551,41 +563,18 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
     /// ARC's scaling step: decide, then always patch, even when nothing changed. The policy supplies the
     /// minimum in effect and, while the scale-down delay holds a peak, the demand to scale for.
     async fn scale(&mut self, assigned_jobs: i64) -> Result<i64> {
-        self.scale_step(assigned_jobs, false).await
+        self.scale_step(assigned_jobs, StepKind::Always).await
     }
 
-    /// The scaling step after a message with job events: a patch that raises the target goes now, one that
-    /// cannot waits up to [`Settings::patch_coalesce_window`] for the next ([`crate::scaling::may_defer`]). Returns
-    /// the desired count either way.
+    /// The scaling step after a message with job events: a patch that changes the target goes now, one that
+    /// repeats it waits up to [`Settings::patch_coalesce_window`] for the next ([`crate::scaling::may_defer`]).
+    /// Returns the desired count either way.
     async fn scale_or_defer(&mut self, assigned_jobs: i64) -> Result<i64> {
-        let plan = self.policy.plan(
-            assigned_jobs,
-            jiff::Timestamp::now(),
-            tokio::time::Instant::now(),
-        );
-        let max = i64::from(self.scale_set.max_runners);
-        let target = crate::scaling::desired_replicas(plan.assigned_jobs, plan.min_runners, max);
-        let window = self.settings.patch_coalesce_window;
-        if !self.rescale_pending
-            && crate::scaling::may_defer(
-                target,
-                self.scaler.target(),
-                self.scaler.is_dirty(),
-                window,
-            )
-        {
-            self.wake_at = plan.wake_at;
-            let due = tokio::time::Instant::now() + window;
-            self.flush_at = Some(self.flush_at.map_or(due, |at| at.min(due)));
-            tracing::debug!(target, "scaling patch deferred to join the next ones");
-            return Ok(target);
-        }
-        self.scale_step(assigned_jobs, false).await
+        self.scale_step(assigned_jobs, StepKind::MayDefer).await
     }
 
-    /// A scaling step; with `settle`, a quiet step whose target did not change asks the set to converge even
-    /// above the minimum ([`crate::scaling::Scaler::settle`]).
-    async fn scale_step(&mut self, assigned_jobs: i64, settle: bool) -> Result<i64> {
+    /// A scaling step of `kind`.
+    async fn scale_step(&mut self, assigned_jobs: i64, kind: StepKind) -> Result<i64> {
         let plan = self.policy.plan(
             assigned_jobs,
             jiff::Timestamp::now(),
@@ -593,7 +582,25 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         );
         self.wake_at = plan.wake_at;
         let max = i64::from(self.scale_set.max_runners);
-        let decision = if settle {
+        if kind == StepKind::MayDefer {
+            let target =
+                crate::scaling::desired_replicas(plan.assigned_jobs, plan.min_runners, max);
+            let window = self.settings.patch_coalesce_window;
+            if !self.rescale_pending
+                && crate::scaling::may_defer(
+                    target,
+                    self.scaler.target(),
+                    self.scaler.is_dirty(),
+                    window,
+                )
+            {
+                let due = tokio::time::Instant::now() + window;
+                self.flush_at = Some(self.flush_at.map_or(due, |at| at.min(due)));
+                tracing::debug!(target, "scaling patch deferred to join the next ones");
+                return Ok(target);
+            }
+        }
+        let decision = if kind == StepKind::Settle {
             self.scaler
                 .settle(plan.assigned_jobs, plan.min_runners, max)
         } else {

@@ -109,6 +109,24 @@ impl Running {
         );
     }
 
+    /// Brings runners `names` online, enqueues as many jobs, and waits until the set is scaled for them and each
+    /// job has reached a runner.
+    async fn assign_to_online_runners(&self, names: &[&str]) -> Vec<i64> {
+        for name in names {
+            online_runner(&self.fake, self.scale_set_id, name).await;
+        }
+        let count = u32::try_from(names.len()).expect("a few runners");
+        let jobs = self.enqueue(count);
+        self.wait_replicas(i64::from(count), "jobs assigned").await;
+        let assigned = eventually(WAIT, || {
+            jobs.iter()
+                .all(|id| self.fake.state().job(*id).unwrap().runner_name.is_some())
+        })
+        .await;
+        assert!(assigned, "every job reaches a runner");
+        jobs
+    }
+
     fn assert_running(&self) {
         assert!(!self.task.is_finished(), "the loop must not end");
     }
@@ -629,17 +647,9 @@ async fn failing_runner_patches_are_queued_without_stalling_scaling() {
         ..fast_settings()
     };
     let running = Running::start_with(fake_config(), 0, 10, settings, |_, _| {}).await;
-    for name in ["r-1", "r-2", "r-3"] {
-        online_runner(&running.fake, running.scale_set_id, name).await;
-    }
-    let jobs = running.enqueue(3);
-    running.wait_replicas(3, "three jobs assigned").await;
-    let assigned = eventually(WAIT, || {
-        jobs.iter()
-            .all(|id| running.fake.state().job(*id).unwrap().runner_name.is_some())
-    })
-    .await;
-    assert!(assigned);
+    let jobs = running
+        .assign_to_online_runners(&["r-1", "r-2", "r-3"])
+        .await;
     running.target.with(|r| r.fail_runner_patches = u32::MAX);
     for id in &jobs {
         running.fake.state().start_job(*id).unwrap();
@@ -683,26 +693,10 @@ async fn patches_after_starts_are_joined_and_changes_go_at_once() {
     };
     let running = Running::start_with(fake_config(), 0, 20, settings, |_, _| {}).await;
     running.wait_replicas(0, "initial patch").await;
-    for n in 0..5 {
-        online_runner(&running.fake, running.scale_set_id, &format!("runner-{n}")).await;
-    }
-    let jobs = running.enqueue(5);
-    running.wait_replicas(5, "five jobs assigned").await;
-    let assigned = eventually(WAIT, || {
-        jobs.iter()
-            .all(|id| running.fake.state().job(*id).unwrap().runner_name.is_some())
-    })
-    .await;
-    assert!(assigned, "every job reaches a runner");
-    let messages = |running: &Running| {
-        running
-            .fake
-            .state()
-            .counters()
-            .get("delete_message")
-            .copied()
-            .unwrap_or(0)
-    };
+    let jobs = running
+        .assign_to_online_runners(&["r-1", "r-2", "r-3", "r-4", "r-5"])
+        .await;
+    let messages = |running: &Running| running.fake.state().count("delete_message");
     // Let the assignments' messages be handled and their patch go.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (patches_before, messages_before) =

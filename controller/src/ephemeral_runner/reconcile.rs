@@ -97,10 +97,7 @@ pub fn in_teardown(runner: &EphemeralRunner, pod: Option<&Pod>) -> bool {
 #[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
 pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
     let step = Step::new(&runner, &ctx, ctx.teardown_client.clone())?;
-    let pod = ctx
-        .stores
-        .pods
-        .get(&ObjectRef::new(&step.name).within(&step.namespace));
+    let pod = step.cached_pod();
     if !in_teardown(&runner, pod.as_deref()) {
         return Ok(Action::await_change());
     }
@@ -119,10 +116,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
         .fresher(&runner.uid().unwrap_or_default())
         .unwrap_or(runner);
     let step = Step::new(&runner, &ctx, ctx.client.clone())?;
-    let mut pod = ctx
-        .stores
-        .pods
-        .get(&ObjectRef::new(&step.name).within(&step.namespace));
+    let mut pod = step.cached_pod();
     if in_teardown(&runner, pod.as_deref()) {
         // The teardown lane's ([`teardown`]).
         return Ok(Action::await_change());
@@ -377,6 +371,14 @@ impl<'a> Step<'a> {
         self.runner.status.clone().unwrap_or_default()
     }
 
+    /// The runner's pod as the watch cache shows it now.
+    fn cached_pod(&self) -> Option<Arc<Pod>> {
+        self.ctx
+            .stores
+            .pods
+            .get(&ObjectRef::new(&self.name).within(&self.namespace))
+    }
+
     /// Whether the runner's end came while this pass ran: the teardown lane finalized it, or the caches now show it
     /// deleted or its pod finished. A pass whose writes waited behind a burst's creations (the main lane's client
     /// rate limit) then has nothing left to mirror: its write would reach a runner on its way out, or one already
@@ -394,14 +396,9 @@ impl<'a> Step<'a> {
                 cached.uid().as_deref() != Some(self.uid.as_str())
                     || cached.meta().deletion_timestamp.is_some()
             });
-        let pod_ended = self
-            .ctx
-            .stores
-            .pods
-            .get(&ObjectRef::new(&self.name).within(&self.namespace))
-            .is_some_and(|pod| {
-                pod.meta().deletion_timestamp.is_some() || judge_pod(&pod) == PodVerdict::Succeeded
-            });
+        let pod_ended = self.cached_pod().is_some_and(|pod| {
+            pod.meta().deletion_timestamp.is_some() || judge_pod(&pod) == PodVerdict::Succeeded
+        });
         runner_going || pod_ended
     }
 
@@ -1270,10 +1267,7 @@ impl<'a> Step<'a> {
     /// The uid of the runner's pod when the cache shows it terminated (`Succeeded` or `Failed`): nothing runs in
     /// it any more.
     fn terminated_pod(&self) -> Option<String> {
-        self.ctx
-            .stores
-            .pods
-            .get(&ObjectRef::new(&self.name).within(&self.namespace))
+        self.cached_pod()
             .filter(|pod| matches!(super::policy::pod_phase(pod), "Succeeded" | "Failed"))
             .and_then(|pod| pod.uid())
     }
