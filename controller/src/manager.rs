@@ -194,7 +194,7 @@ impl Manager {
                 |_| {},
                 stop_watches.clone(),
             ),
-            spawn_watch(
+            spawn_pruned_watch(
                 self.api::<EphemeralRunner>(),
                 watcher::Config::default(),
                 runner_writer,
@@ -211,6 +211,7 @@ impl Manager {
                         let _ = runner_deleted_tx.unbounded_send(owner);
                     }
                 },
+                crate::ephemeral_runner::prune_cached_runner,
                 stop_watches.clone(),
             ),
             spawn_pruned_watch(

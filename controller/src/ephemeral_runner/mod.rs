@@ -13,13 +13,37 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crds::EphemeralRunner;
+use crds::constants::{CONTAINER_HOOKS_ENV, RUNNER_CONTAINER_NAME};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
 pub use reconcile::{POD_DELETED_EVENT, POD_DELETED_REASON};
+
+/// What the cache keeps of an EphemeralRunner: everything but its pod template, which only registering and
+/// creating the pod read, from a copy read from the API server just before (the fence in front of every
+/// registration). The template is most of a runner (containers, volumes, sidecars), and the cache holds every
+/// runner for as long as it lives. Of the template stays only whether the runner container uses container hooks,
+/// which teardown reads.
+pub fn prune_cached_runner(runner: &mut EphemeralRunner) {
+    let hooks = runner.has_container_hooks();
+    let spec = &mut runner.spec;
+    spec.metadata = Default::default();
+    spec.ephemeral_runner_config_secret_metadata = None;
+    spec.spec = Default::default();
+    if hooks {
+        spec.spec.containers = vec![Container {
+            name: RUNNER_CONTAINER_NAME.to_owned(),
+            env: Some(vec![EnvVar {
+                name: CONTAINER_HOOKS_ENV.to_owned(),
+                ..EnvVar::default()
+            }]),
+            ..Container::default()
+        }];
+    }
+}
 
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
@@ -107,4 +131,92 @@ pub async fn run(
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crds::EphemeralRunnerSpec;
+    use crds::common::ResourceMeta;
+    use k8s_openapi::api::core::v1::{PodSpec, Volume};
+    use kube::api::ObjectMeta;
+
+    fn runner(env: &[&str]) -> EphemeralRunner {
+        let container = |name: &str, env: &[&str]| Container {
+            name: name.to_owned(),
+            image: Some("ghcr.io/actions/actions-runner:latest".to_owned()),
+            env: Some(
+                env.iter()
+                    .map(|name| EnvVar {
+                        name: (*name).to_owned(),
+                        value: Some("x".to_owned()),
+                        ..EnvVar::default()
+                    })
+                    .collect(),
+            ),
+            ..Container::default()
+        };
+        let mut runner = EphemeralRunner::new(
+            "set-runner-abcde",
+            EphemeralRunnerSpec {
+                github_config_url: "https://github.com/org".to_owned(),
+                github_config_secret: "creds".to_owned(),
+                runner_scale_set_id: 7,
+                proxy_secret_ref: "proxy".to_owned(),
+                ephemeral_runner_config_secret_metadata: Some(ResourceMeta::default()),
+                metadata: ObjectMeta {
+                    labels: Some([("team".to_owned(), "a".to_owned())].into()),
+                    ..ObjectMeta::default()
+                },
+                spec: PodSpec {
+                    containers: vec![
+                        container(RUNNER_CONTAINER_NAME, env),
+                        container("dind", &[]),
+                    ],
+                    volumes: Some(vec![Volume {
+                        name: "work".to_owned(),
+                        ..Volume::default()
+                    }]),
+                    ..PodSpec::default()
+                },
+                ..EphemeralRunnerSpec::default()
+            },
+        );
+        runner.metadata.namespace = Some("ns".to_owned());
+        runner
+    }
+
+    #[test]
+    fn the_cache_keeps_what_decisions_read_and_no_template() {
+        for env in [&["A"][..], &["A", CONTAINER_HOOKS_ENV][..]] {
+            let full = runner(env);
+            let mut cached = full.clone();
+            prune_cached_runner(&mut cached);
+            assert_eq!(cached.has_container_hooks(), full.has_container_hooks());
+            assert_eq!(cached.metadata, full.metadata);
+            assert_eq!(cached.status, full.status);
+            assert_eq!(cached.spec.github_config_url, full.spec.github_config_url);
+            assert_eq!(
+                cached.spec.github_config_secret,
+                full.spec.github_config_secret
+            );
+            assert_eq!(
+                cached.spec.runner_scale_set_id,
+                full.spec.runner_scale_set_id
+            );
+            assert_eq!(cached.spec.proxy_secret_ref, full.spec.proxy_secret_ref);
+            assert!(cached.spec.spec.volumes.is_none());
+            assert!(cached.spec.metadata.labels.is_none());
+            assert!(
+                cached
+                    .spec
+                    .ephemeral_runner_config_secret_metadata
+                    .is_none()
+            );
+            assert!(cached.spec.spec.containers.len() <= 1);
+            let kept = serde_json::to_vec(&cached).unwrap().len();
+            let whole = serde_json::to_vec(&full).unwrap().len();
+            assert!(kept < whole, "{kept} < {whole}");
+        }
+    }
 }

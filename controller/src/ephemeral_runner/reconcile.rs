@@ -123,6 +123,9 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     }
     let mut facts = step.initial_facts(pod.as_deref());
     let mut identity = step.recorded_identity();
+    // The runner as the API server gave it before registering: the cache keeps no pod template
+    // (`prune_cached_runner`), so the Secret and the pod are made from this copy.
+    let mut fresh: Option<EphemeralRunner> = None;
     for _ in 0..MAX_STEPS {
         let next = decide(&facts);
         tracing::trace!(?next, "runner step");
@@ -138,7 +141,11 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
                 pod = step.read_pod().await?.map(Arc::new);
                 facts.pod = pod_fact(pod.as_deref(), Timestamp::now());
             }
-            Next::ReadRunner => facts.fresh_runner = step.read_self().await?,
+            Next::ReadRunner => {
+                let (fact, current) = step.read_self().await?;
+                facts.fresh_runner = fact;
+                fresh = current;
+            }
             Next::AddFinalizers => {
                 step.ensure_finalizers().await?;
                 facts.finalizers_missing = false;
@@ -158,11 +165,11 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
                     identity = None;
                 }
             },
-            Next::DryRunPod => match step.dry_run_pod().await? {
+            Next::DryRunPod => match step.dry_run_pod(step.fresh(fresh.as_ref())?).await? {
                 Some(action) => return Ok(action),
                 None => facts.dry_run_passed = true,
             },
-            Next::Register => match step.register().await? {
+            Next::Register => match step.register(step.fresh(fresh.as_ref())?).await? {
                 Registration::Registered(registered) => {
                     identity = Some(registered);
                     facts.secret = SecretFact::Fresh;
@@ -185,7 +192,9 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
                 let Some(identity) = identity else {
                     return Err(step.corrupt("no identity after registering"));
                 };
-                return step.create_pod(&identity).await;
+                return step
+                    .create_pod(step.fresh(fresh.as_ref())?, &identity)
+                    .await;
             }
             Next::Follow => {
                 let Some(pod) = pod else {
@@ -475,6 +484,7 @@ impl<'a> Step<'a> {
             .map(|mut written| {
                 // Cached the way the watch caches it.
                 written.managed_fields_mut().clear();
+                super::prune_cached_runner(&mut written);
                 self.ctx
                     .runner_memory
                     .wrote(&self.uid, events_before, written);
@@ -530,7 +540,8 @@ impl<'a> Step<'a> {
 
     /// Whether this very runner (same uid) still exists and is not being deleted, from the API server: the
     /// fence in front of a registration, which a cache a moment behind must never cause for a runner that is gone.
-    async fn read_self(&self) -> Result<RunnerFact> {
+    /// A live runner comes back too: its pod template is what the Secret and the pod are made from.
+    async fn read_self(&self) -> Result<(RunnerFact, Option<EphemeralRunner>)> {
         let current = self
             .api
             .get_opt(&self.name)
@@ -545,17 +556,21 @@ impl<'a> Step<'a> {
                 if runner.uid().as_deref() == Some(self.uid.as_str())
                     && runner.meta().deletion_timestamp.is_none() =>
             {
-                RunnerFact::Live
+                (RunnerFact::Live, Some(runner))
             }
-            _ => RunnerFact::Going,
+            _ => (RunnerFact::Going, None),
         })
     }
 
-    /// Registers the runner and stores its JIT config in a new Secret.
-    async fn register(&self) -> Result<Registration> {
+    /// The runner read from the API server in this pass; the lifecycle reads it before every step that needs it.
+    fn fresh<'f>(&self, fresh: Option<&'f EphemeralRunner>) -> Result<&'f EphemeralRunner> {
+        fresh.ok_or_else(|| self.corrupt("no fresh copy of the runner before registering"))
+    }
+
+    /// Registers the runner and stores its JIT config in a new Secret; `fresh` is the runner as just read.
+    async fn register(&self, fresh: &EphemeralRunner) -> Result<Registration> {
         let actions = self.actions().await?;
-        let work_folder = self
-            .runner
+        let work_folder = fresh
             .spec
             .spec
             .containers
@@ -579,7 +594,7 @@ impl<'a> Step<'a> {
         };
         let owner = controller_ref(self.runner)?;
         let secret = jit_secret(
-            self.runner,
+            fresh,
             owner,
             &jit,
             &self.ctx.options.exclude_label_propagation_prefixes,
@@ -832,19 +847,18 @@ impl<'a> Step<'a> {
         Ok(Action::await_change())
     }
 
-    /// The runner pod, or why it cannot be built (the runner is then marked Failed).
-    fn build_pod(&self) -> Result<std::result::Result<Pod, String>> {
+    /// The runner pod made from `fresh` (the runner as just read), or why it cannot be built (the runner is then
+    /// marked Failed).
+    fn build_pod(&self, fresh: &EphemeralRunner) -> Result<std::result::Result<Pod, String>> {
         let owner = controller_ref(self.runner)?;
-        Ok(
-            desired_pod(self.runner, owner, &self.ctx.options.build_version)
-                .map_err(|problem| format!("Failed to create the pod: {problem}")),
-        )
+        Ok(desired_pod(fresh, owner, &self.ctx.options.build_version)
+            .map_err(|problem| format!("Failed to create the pod: {problem}")))
     }
 
     /// After a refusal, the next pod is created in dry-run mode first: nothing is registered until the cluster
     /// would admit it. `Some` ends the pass.
-    async fn dry_run_pod(&self) -> Result<Option<Action>> {
-        let pod = match self.build_pod()? {
+    async fn dry_run_pod(&self, fresh: &EphemeralRunner) -> Result<Option<Action>> {
+        let pod = match self.build_pod(fresh)? {
             Ok(pod) => pod,
             Err(message) => {
                 return self
@@ -863,8 +877,8 @@ impl<'a> Step<'a> {
         }
     }
 
-    async fn create_pod(&self, identity: &JitIdentity) -> Result<Action> {
-        let pod = match self.build_pod()? {
+    async fn create_pod(&self, fresh: &EphemeralRunner, identity: &JitIdentity) -> Result<Action> {
+        let pod = match self.build_pod(fresh)? {
             Ok(pod) => pod,
             Err(message) => {
                 return self
