@@ -226,7 +226,7 @@ impl Manager {
                         let _ = pod_deleted_tx.unbounded_send(owner);
                     }
                 },
-                prune_runner_pod,
+                crate::ephemeral_runner::prune_cached_pod,
                 stop_watches.clone(),
             ),
         ];
@@ -323,12 +323,6 @@ impl Manager {
         tracing::info!("controllers stopped");
         Ok(())
     }
-}
-
-/// Runner pods are judged by their metadata and status alone; their spec (the runner's whole template, often
-/// the largest part) is what the EphemeralRunner already holds, so the cache does not keep it twice.
-fn prune_runner_pod(pod: &mut Pod) {
-    pod.spec = None;
 }
 
 /// The shared watches of the AutoscalingRunnerSet and AutoscalingListener controllers, before they run.

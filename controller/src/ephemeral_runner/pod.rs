@@ -50,6 +50,17 @@ pub const JOB_REPOSITORY_OWNER_LABEL: &str = "actions.github.com/job-repository-
 pub const JOB_REPOSITORY_NAME_LABEL: &str = "actions.github.com/job-repository-name";
 /// Pod label: workflow file name of the job (label-safe), e.g. `ci.yml`.
 pub const JOB_WORKFLOW_LABEL: &str = "actions.github.com/job-workflow";
+/// Every key job metadata may set, as a label or an annotation.
+pub const JOB_METADATA_KEYS: [&str; 8] = [
+    JOB_ID_KEY,
+    WORKFLOW_RUN_ID_KEY,
+    JOB_REPOSITORY_ANNOTATION,
+    JOB_WORKFLOW_REF_ANNOTATION,
+    JOB_DISPLAY_NAME_ANNOTATION,
+    JOB_REPOSITORY_OWNER_LABEL,
+    JOB_REPOSITORY_NAME_LABEL,
+    JOB_WORKFLOW_LABEL,
+];
 
 /// Why a runner pod cannot be built from its EphemeralRunner.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
