@@ -554,3 +554,92 @@ async fn an_apply_with_a_uid_never_recreates_a_deleted_pod() {
     );
     assert!(pods.get_opt("gone").await.unwrap().is_none());
 }
+
+/// A runner that has a JIT Secret but no recorded attempt (a crash between creating the Secret and recording the
+/// registration): its first attempt registers without reading the Secret, learns of it from the service (the
+/// name is taken) or from the API server (the Secret's creation refused), and then discards the old config as
+/// any runner does. Either way the pod gets a fresh config and no registration is left behind.
+#[tokio::test]
+async fn a_first_attempt_learns_of_a_leftover_secret_and_replaces_it() {
+    use controller::ephemeral_runner::pod::jit_secret;
+    use crds::common::ResourceMeta;
+    use kube::Resource;
+    use kube::api::PostParams;
+
+    let env = Env::new("ers-leftover").await;
+    let template = env.create_set("tmpl", 0, 0).await;
+    let runners = env.runners_api();
+    let secrets = env.secrets_api();
+    let mut old_tokens = Vec::new();
+    // "taken": the old registration is still in the service; "removed": it was removed before the crash.
+    for (name, still_registered) in [("taken", true), ("removed", false)] {
+        let mut runner = EphemeralRunner::new(name, template.spec.ephemeral_runner_spec.clone());
+        runner.spec.ephemeral_runner_config_secret_metadata = Some(ResourceMeta::default());
+        let runner = runners
+            .create(&PostParams::default(), &runner)
+            .await
+            .expect("create the runner");
+        let old = env
+            .actions
+            .generate_jit_runner_config(
+                env.scale_set_id,
+                &actions_client::JitSetting {
+                    name: name.to_owned(),
+                    work_folder: String::new(),
+                },
+            )
+            .await
+            .expect("an earlier registration");
+        let owner = runner.controller_owner_ref(&()).expect("owner reference");
+        secrets
+            .create(
+                &PostParams::default(),
+                &jit_secret(&runner, owner, &old, &[]),
+            )
+            .await
+            .expect("the leftover Secret");
+        let old_id = old.runner.as_ref().expect("a runner").id;
+        if !still_registered {
+            env.fake
+                .state()
+                .deregister_runner(old_id)
+                .expect("deregister");
+        }
+        old_tokens.push((
+            name,
+            old_id,
+            old.encoded_jit_config.expose_secret().to_owned(),
+        ));
+    }
+    let manager = env.start(env.options());
+    for (name, old_id, old_token) in old_tokens {
+        env.eventually(&format!("{name}: a pod with a fresh config"), || async {
+            let pod = env.pods_api().get_opt(name).await.unwrap()?;
+            let secret = secrets.get_opt(name).await.unwrap()?;
+            let token = secret.data?.get("jitToken")?.0.clone();
+            (pod.uid().is_some() && token != old_token.as_bytes()).then_some(())
+        })
+        .await;
+        let registered: Vec<i64> = env
+            .fake
+            .state()
+            .snapshot()
+            .runners
+            .into_iter()
+            .filter(|runner| runner.name == name)
+            .map(|runner| runner.id)
+            .collect();
+        assert_eq!(
+            registered.len(),
+            1,
+            "{name}: one registration: {registered:?}"
+        );
+        assert_ne!(
+            registered[0], old_id,
+            "{name}: the old registration is gone"
+        );
+        let status = runners.get(name).await.unwrap().status.unwrap_or_default();
+        assert_eq!(status.runner_id, registered[0], "{name}");
+    }
+    manager.stop().await;
+}

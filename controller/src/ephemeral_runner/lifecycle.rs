@@ -9,6 +9,13 @@
 //!   Secret without a pod means its config may have been consumed (a pod deleted, evicted, or a crash between the
 //!   two writes): it is discarded, with its registration, before a new one is made. "Without a pod" is an
 //!   uncached read, not the cache's word.
+//! * **A first attempt learns of an earlier Secret from the API server's refusal.** A runner whose status shows no
+//!   attempt at all (no phase, reason, identity or failure) and whose pod the cache does not show is registered
+//!   without reading its Secret first: the Secret's creation is refused when one exists (a crash between creating
+//!   it and recording the attempt), and the pass then removes the registration it just made and reads the Secret.
+//!   A name the service already knows sends such a pass to read the Secret too, before any registration is
+//!   removed. Every pod this controller creates has its Secret created before it, and a first attempt has none
+//!   deleted, so a pod the cache does not show yet still makes the creation refused.
 //! * **Nothing is registered for a runner that is going.** Before a registration (the one effect that cannot be
 //!   undone by deleting objects), the runner itself is read from the API server: a runner deleted or finalized a
 //!   moment ago, still alive in the cache, registers nothing.
@@ -95,6 +102,9 @@ pub struct Facts {
     pub secret: SecretFact,
     /// The runner, from the API server.
     pub fresh_runner: RunnerFact,
+    /// No attempt shows: the status records no phase, reason, identity or failure, and the cache shows no pod. The
+    /// Secret is then not read before registering (its creation is refused if one exists).
+    pub first_attempt: bool,
     /// The runner was made from an older template than its set's current one (by the set's cached copy): the
     /// set replaces it, so it registers nothing and starts no pod from the old template.
     pub outdated_template: bool,
@@ -191,14 +201,16 @@ fn without_pod(facts: &Facts, busy: bool) -> Next {
         return Next::Wait(wait);
     }
     match facts.secret {
-        SecretFact::Unread => Next::ReadSecret,
+        SecretFact::Unread if !(facts.first_attempt && facts.pod == PodFact::NotCached) => {
+            Next::ReadSecret
+        }
+        SecretFact::Unread | SecretFact::Absent if busy => Next::FinishInterrupted,
+        SecretFact::Unread | SecretFact::Absent if facts.outdated_template => Next::Stop,
         SecretFact::Fresh => Next::CreatePod,
         SecretFact::Valid | SecretFact::Corrupt if facts.pod == PodFact::NotCached => Next::ReadPod,
         SecretFact::Valid | SecretFact::Corrupt if busy => Next::FinishInterrupted,
         SecretFact::Valid | SecretFact::Corrupt => Next::DiscardConfig,
-        SecretFact::Absent if busy => Next::FinishInterrupted,
-        SecretFact::Absent if facts.outdated_template => Next::Stop,
-        SecretFact::Absent => match facts.fresh_runner {
+        SecretFact::Unread | SecretFact::Absent => match facts.fresh_runner {
             RunnerFact::Unread => Next::ReadRunner,
             RunnerFact::Going => Next::Stop,
             RunnerFact::Live if facts.rejected && !facts.dry_run_passed => Next::DryRunPod,
@@ -230,6 +242,7 @@ mod tests {
             secret: SecretFact::Unread,
             fresh_runner: RunnerFact::Unread,
             outdated_template: false,
+            first_attempt: false,
         }
     }
 
@@ -261,6 +274,37 @@ mod tests {
         assert_eq!(decide(&facts), Next::Register);
         facts.secret = SecretFact::Fresh;
         assert_eq!(decide(&facts), Next::CreatePod);
+    }
+
+    #[test]
+    fn a_first_attempt_registers_without_reading_the_secret() {
+        let mut facts = fresh();
+        facts.first_attempt = true;
+        assert_eq!(
+            decide(&facts),
+            Next::ReadRunner,
+            "the fence still comes first"
+        );
+        facts.fresh_runner = RunnerFact::Live;
+        assert_eq!(decide(&facts), Next::Register);
+        // The Secret's creation was refused: the pass reads it, as any other attempt does.
+        facts.first_attempt = false;
+        assert_eq!(decide(&facts), Next::ReadSecret);
+        // A pod in the cache is an attempt, whatever the status says.
+        facts.first_attempt = true;
+        facts.pod = PodFact::Gone;
+        assert_eq!(decide(&facts), Next::ReadSecret);
+    }
+
+    #[test]
+    fn a_first_attempt_of_an_outdated_or_busy_runner_registers_nothing() {
+        let mut facts = fresh();
+        facts.first_attempt = true;
+        facts.outdated_template = true;
+        assert_eq!(decide(&facts), Next::Stop);
+        facts.outdated_template = false;
+        facts.has_job = true;
+        assert_eq!(decide(&facts), Next::FinishInterrupted);
     }
 
     #[test]
@@ -424,12 +468,13 @@ mod tests {
             rejected in any::<bool>(),
             pod in arb_pod(),
             outdated_template in any::<bool>(),
+            first_attempt in any::<bool>(),
         ) -> Facts {
             Facts {
                 deleting, done, finalizers_missing, failures, max_failures: 5, has_job,
                 service_busy: false, registered, backoff: backoff.map(Duration::from_secs), rejected,
                 dry_run_passed: false, pod, secret: SecretFact::Unread, fresh_runner: RunnerFact::Unread,
-                outdated_template,
+                outdated_template, first_attempt,
             }
         }
     }
@@ -465,6 +510,12 @@ mod tests {
                     }
                     facts.dry_run_passed = true;
                 }
+                // Unread, the Secret may exist: its creation is refused then, or the service knows the name.
+                Next::Register
+                    if facts.secret == SecretFact::Unread && world.secret != SecretFact::Absent =>
+                {
+                    facts.first_attempt = false;
+                }
                 Next::Register => {
                     facts.secret = SecretFact::Fresh;
                     facts.registered = true;
@@ -485,10 +536,19 @@ mod tests {
             }
             // Never two live pods: nothing is registered (and so no pod created) while the pass has seen a pod,
             // in the cache or from the API server.
+            let alive = |pod: &PodFact| matches!(pod, PodFact::Live(_) | PodFact::Terminating { .. });
+            // What the lifecycle rests on for a first attempt: a pod this controller made has a Secret.
+            prop_assume!(!(facts.first_attempt && alive(&world.pod) && world.secret == SecretFact::Absent));
             if steps.contains(&Next::Register) {
-                let alive = |pod: &PodFact| matches!(pod, PodFact::Live(_) | PodFact::Terminating { .. });
                 prop_assert!(!alive(&facts.pod), "{steps:?}");
                 prop_assert!(!steps.contains(&Next::ReadPod) || !alive(&world.pod), "{steps:?}");
+                // A Secret is created only where none is: read absent, or a first attempt's creation not refused.
+                prop_assert!(
+                    !steps.contains(&Next::CreatePod)
+                        || world.secret == SecretFact::Absent
+                        || steps.contains(&Next::DiscardConfig),
+                    "{steps:?}"
+                );
                 // Nothing is registered for a runner the API server says is going.
                 prop_assert!(steps.contains(&Next::ReadRunner) && world.runner == RunnerFact::Live);
                 // A busy runner never gets a new pod, nor one of an older template.

@@ -169,12 +169,20 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
                 Some(action) => return Ok(action),
                 None => facts.dry_run_passed = true,
             },
-            Next::Register => match step.register(step.fresh(fresh.as_ref())?).await? {
+            Next::Register => match step
+                .register(
+                    step.fresh(fresh.as_ref())?,
+                    facts.secret == SecretFact::Absent,
+                )
+                .await?
+            {
                 Registration::Registered(registered) => {
                     identity = Some(registered);
                     facts.secret = SecretFact::Fresh;
                     facts.registered = true;
                 }
+                // A first attempt's Secret exists after all, or may: read it, as any other attempt does.
+                Registration::ReadSecretFirst => facts.first_attempt = false,
                 Registration::Wait(action) => return Ok(action),
             },
             // The teardown lane's; `in_teardown` above already left such a runner to it.
@@ -228,6 +236,9 @@ fn pod_fact(pod: Option<&Pod>, now: Timestamp) -> PodFact {
 /// Outcome of a registration.
 enum Registration {
     Registered(JitIdentity),
+    /// Registering without having read the Secret met a sign of one (its creation refused, or the name known to
+    /// the service): nothing was left registered; read the Secret first.
+    ReadSecretFirst,
     Wait(Action),
 }
 
@@ -353,6 +364,12 @@ impl<'a> Step<'a> {
             fresh_runner: RunnerFact::Unread,
             // Only a runner about to register needs it (hashing the template is not free).
             outdated_template: pod.is_none() && self.template_outdated(),
+            first_attempt: pod.is_none()
+                && status.phase.is_empty()
+                && status.reason.is_empty()
+                && status.runner_id == 0
+                && status.failures.is_empty()
+                && self.ctx.runner_memory.last_disruption(&self.uid).is_none(),
         }
     }
 
@@ -567,8 +584,10 @@ impl<'a> Step<'a> {
         fresh.ok_or_else(|| self.corrupt("no fresh copy of the runner before registering"))
     }
 
-    /// Registers the runner and stores its JIT config in a new Secret; `fresh` is the runner as just read.
-    async fn register(&self, fresh: &EphemeralRunner) -> Result<Registration> {
+    /// Registers the runner and stores its JIT config in a new Secret; `fresh` is the runner as just read, and
+    /// `secret_absent` says whether the API server said there is no Secret (else this is a first attempt, which
+    /// learns of one from the refusal to create it).
+    async fn register(&self, fresh: &EphemeralRunner, secret_absent: bool) -> Result<Registration> {
         let actions = self.actions().await?;
         let work_folder = fresh
             .spec
@@ -587,6 +606,10 @@ impl<'a> Step<'a> {
             .await
         {
             Ok(jit) => jit,
+            // The name's registration may be the one of a Secret not read yet, whose pod may run.
+            Err(error) if is_runner_exists(&error) && !secret_absent => {
+                return Ok(Registration::ReadSecretFirst);
+            }
             Err(error) if is_runner_exists(&error) => {
                 return self.resolve_name_clash(&actions).await;
             }
@@ -609,6 +632,11 @@ impl<'a> Step<'a> {
                     && let Err(error) = actions.remove_runner(runner.id).await
                 {
                     tracing::warn!(%error, "removing an unstored registration failed");
+                }
+                if !secret_absent
+                    && classify_create_error(&source) == CreateRejection::AlreadyExists
+                {
+                    return Ok(Registration::ReadSecretFirst);
                 }
                 Err(Error::CreateObject {
                     kind: Secret::kind(&()),
