@@ -354,6 +354,10 @@ struct Ending {
     /// The API server accepted the removal of the runner's finalizers while it was being deleted: the object is
     /// gone, and a pass on a cached copy that still shows them has nothing to delete or patch.
     finalized: bool,
+    /// The teardown lane took the runner's end in hand (it is being deleted, or its pod succeeded): its pod and
+    /// Secret go with it, and the main lane, whose cache may show the pod gone before the runner's deletion, must
+    /// not take that for a pod lost under a job.
+    tearing_down: bool,
 }
 
 /// Endings by runner uid, and the uids in the order they came (the oldest go first).
@@ -431,6 +435,19 @@ impl RunnerMemory {
             .by_uid
             .get(uid)
             .is_some_and(|ending| ending.deregistered.contains(&runner_id))
+    }
+
+    /// Records that the teardown lane took the end of runner `uid` in hand.
+    pub fn tearing_down(&self, uid: &str) {
+        lock(&self.endings).entry(uid).tearing_down = true;
+    }
+
+    /// Whether the teardown lane took the end of runner `uid` in hand (see [`RunnerMemory::tearing_down`]).
+    pub fn is_tearing_down(&self, uid: &str) -> bool {
+        lock(&self.endings)
+            .by_uid
+            .get(uid)
+            .is_some_and(|ending| ending.tearing_down || ending.finalized)
     }
 
     /// Records that the API server accepted the removal of the finalizers of runner `uid`, which was being
@@ -617,6 +634,20 @@ mod tests {
         }
         assert!(!memory.was_deregistered("u", 7));
         assert!(memory.was_deregistered("r1", 1));
+    }
+
+    #[test]
+    fn a_runner_in_teardown_stays_the_teardown_lanes() {
+        let memory = RunnerMemory::default();
+        assert!(!memory.is_tearing_down("u"));
+        memory.tearing_down("u");
+        assert!(memory.is_tearing_down("u"));
+        assert!(!memory.is_tearing_down("v"));
+        memory.finalized("v");
+        assert!(memory.is_tearing_down("v"), "a finalized runner is past its teardown");
+        // Kept past the deletion event, as every ending is.
+        memory.forget("u");
+        assert!(memory.is_tearing_down("u"));
     }
 
     #[test]

@@ -101,6 +101,7 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
     if !in_teardown(&runner, pod.as_deref()) {
         return Ok(Action::await_change());
     }
+    ctx.runner_memory.tearing_down(&step.uid);
     // A runner whose pod succeeded is deleted and finalized in this pass, rather than on the deletion's watch
     // event, which would only bring it back here.
     let delete = runner.meta().deletion_timestamp.is_none();
@@ -117,8 +118,9 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
         .unwrap_or(runner);
     let step = Step::new(&runner, &ctx, ctx.client.clone())?;
     let mut pod = step.cached_pod();
-    if in_teardown(&runner, pod.as_deref()) {
-        // The teardown lane's ([`teardown`]).
+    if in_teardown(&runner, pod.as_deref()) || ctx.runner_memory.is_tearing_down(&step.uid) {
+        // The teardown lane's ([`teardown`]), also once its deletion of the pod reached the cache before the
+        // runner's own deletion did: a busy runner without a pod would otherwise look interrupted.
         return Ok(Action::await_change());
     }
     let mut facts = step.initial_facts(pod.as_deref());
@@ -410,7 +412,7 @@ impl<'a> Step<'a> {
     /// rate limit) then has nothing left to mirror: its write would reach a runner on its way out, or one already
     /// gone (answered 404; 0.43 status writes per job in a 500-job burst, docs/benchmarks.md).
     fn ended_meanwhile(&self) -> bool {
-        if self.ctx.runner_memory.was_finalized(&self.uid) {
+        if self.ctx.runner_memory.is_tearing_down(&self.uid) {
             return true;
         }
         let runner_going = self

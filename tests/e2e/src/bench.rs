@@ -359,6 +359,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     report
         .problems
         .extend(checks::jobs_completed_exactly_once(&world, &ids, &[]));
+    report
+        .problems
+        .extend(checks::no_false_interruptions(&world).await?);
     report.problems.extend(world.simulator.problems());
     runners.stop();
 

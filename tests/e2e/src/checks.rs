@@ -70,6 +70,30 @@ pub fn jobs_completed_exactly_once(world: &World, ids: &[i64], cancelled: &[i64]
     problems
 }
 
+/// No runner was reported as having lost its pod under a job (Warning Event `RunnerPodDeleted`), for a run in
+/// which nothing deleted or evicted a pod: a finished runner's own teardown is no interruption.
+pub async fn no_false_interruptions(world: &World) -> Result<Vec<String>> {
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(world.client(), world.namespace());
+    let reported: Vec<String> = events
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(controller::ephemeral_runner::POD_DELETED_EVENT))
+        .filter_map(|event| event.regarding.and_then(|regarding| regarding.name))
+        .collect();
+    Ok(if reported.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!(
+            "{} runner(s) reported a pod lost under a job while no pod was deleted by anyone else: {:?}",
+            reported.len(),
+            reported.iter().take(5).collect::<Vec<_>>()
+        )]
+    })
+}
+
 /// Every runner pod belongs to an existing EphemeralRunner, every JIT Secret too, every EphemeralRunner to an
 /// existing EphemeralRunnerSet, and every runner registered in the fake for this scale set to an
 /// EphemeralRunner.
