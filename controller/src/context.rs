@@ -644,7 +644,10 @@ mod tests {
         assert!(memory.is_tearing_down("u"));
         assert!(!memory.is_tearing_down("v"));
         memory.finalized("v");
-        assert!(memory.is_tearing_down("v"), "a finalized runner is past its teardown");
+        assert!(
+            memory.is_tearing_down("v"),
+            "a finalized runner is past its teardown"
+        );
         // Kept past the deletion event, as every ending is.
         memory.forget("u");
         assert!(memory.is_tearing_down("u"));

@@ -80,7 +80,9 @@ pub async fn no_false_interruptions(world: &World) -> Result<Vec<String>> {
         .await?
         .items
         .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(controller::ephemeral_runner::POD_DELETED_EVENT))
+        .filter(|event| {
+            event.reason.as_deref() == Some(controller::ephemeral_runner::POD_DELETED_EVENT)
+        })
         .filter_map(|event| event.regarding.and_then(|regarding| regarding.name))
         .collect();
     Ok(if reported.is_empty() {
