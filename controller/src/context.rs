@@ -329,8 +329,8 @@ impl Expectations {
 pub struct RunnerMemory {
     disruptions: Mutex<HashMap<String, (u32, Instant)>>,
     checked: Mutex<HashMap<String, Instant>>,
-    /// The runner as this manager's last status write left it, by uid, until the watch brings any event for it
-    /// (see [`RunnerMemory::wrote`]).
+    /// The runner as this manager's last status write left it, by uid, until the watch brings an event that shows
+    /// the write (see [`RunnerMemory::wrote`]).
     written: Mutex<HashMap<String, Written>>,
     /// What was done for a runner that cannot need doing again, by runner uid. Kept past the runner's deletion
     /// event (a pass that began just before it may still run once more on the cached copy), for the last
@@ -338,11 +338,53 @@ pub struct RunnerMemory {
     endings: Mutex<Endings>,
 }
 
-/// A runner's watch events counted, and the copy its last status write returned while no event came since.
+/// The copy a runner's last status write returned, while the cache has not caught up with it, and what the last
+/// watch event showed of the status fields this controller writes.
 #[derive(Debug, Default)]
 struct Written {
-    events: u64,
+    /// [`OwnedStatus::digest`] of the last event (kept for every runner, so a digest and not the fields).
+    seen: Option<u64>,
     copy: Option<Arc<EphemeralRunner>>,
+}
+
+/// The status fields only the EphemeralRunner controller writes (the listener writes the job fields, nobody else
+/// writes status): an event that shows them as a write left them holds that write, or something after it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct OwnedStatus {
+    phase: String,
+    ready: bool,
+    reason: String,
+    message: String,
+    runner_id: i64,
+    runner_name: String,
+    failures: Vec<(String, String)>,
+}
+
+impl OwnedStatus {
+    fn of(runner: &EphemeralRunner) -> Self {
+        let status = runner.status.clone().unwrap_or_default();
+        Self {
+            phase: status.phase,
+            ready: status.ready,
+            reason: status.reason,
+            message: status.message,
+            runner_id: status.runner_id,
+            runner_name: status.runner_name,
+            failures: status
+                .failures
+                .into_iter()
+                .map(|(uid, at)| (uid, at.0.to_string()))
+                .collect(),
+        }
+    }
+
+    /// A digest of `runner`'s owned fields; two runners with equal fields have equal digests.
+    fn digest(runner: &EphemeralRunner) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        Self::of(runner).hash(&mut hasher);
+        hasher.finish()
+    }
 }
 
 /// What was done for a runner that cannot need doing again.
@@ -464,33 +506,38 @@ impl RunnerMemory {
             .is_some_and(|ending| ending.finalized)
     }
 
-    /// The watch brought an event for runner `uid` (the store holds it now): a copy kept from a status write is
-    /// no longer known to be newer than the cache.
-    pub fn seen(&self, uid: &str) {
+    /// The watch brought an event for `runner` (the store holds it now): a copy kept from a status write goes
+    /// once the event shows the status fields as that write left them (the cache holds the write, or something
+    /// after it). An event that shows them otherwise came from before the write.
+    pub fn seen(&self, runner: &EphemeralRunner) {
+        let Some(uid) = runner.uid() else {
+            return;
+        };
+        let owned = OwnedStatus::digest(runner);
         let mut written = lock(&self.written);
-        let entry = written.entry(uid.to_owned()).or_default();
-        entry.events = entry.events.wrapping_add(1);
-        entry.copy = None;
+        let entry = written.entry(uid).or_default();
+        entry.copy = entry
+            .copy
+            .take()
+            .filter(|copy| OwnedStatus::digest(copy) != owned);
+        entry.seen = Some(owned);
     }
 
-    /// How many watch events runner `uid` has had; read before a status write, for [`RunnerMemory::wrote`].
-    pub fn events(&self, uid: &str) -> u64 {
-        lock(&self.written).get(uid).map_or(0, |entry| entry.events)
-    }
-
-    /// Keeps `copy`, what a status write of runner `uid` returned, if no watch event came for it since the write
-    /// was sent (`events_before`). Then the cache is older than `copy` for a fact: watch events come in order,
-    /// and not even this write's own has come. The next event, whatever it is, drops it. Without it, a pass
-    /// started by the runner's pod (its own events) on the cached copy wrote the same status again: about one
-    /// write in every four of a runner's status writes.
-    pub fn wrote(&self, uid: &str, events_before: u64, copy: EphemeralRunner) {
+    /// Keeps `copy`, what a status write of runner `uid` returned, unless the last watch event already showed
+    /// the status fields as the write left them. An event that came while the write was in flight may be an
+    /// older version of the runner (one from before the write), and a pass the runner's pod starts a moment
+    /// later would run on it: with the identity not yet there it read the Secret and wrote the identity again
+    /// (up to 190 times per 500 runners in a burst, docs/benchmarks.md). The next event that shows the write
+    /// drops the copy.
+    pub fn wrote(&self, uid: &str, copy: EphemeralRunner) {
         // The name may belong to a new runner by now.
         if copy.uid().as_deref() != Some(uid) {
             return;
         }
+        let owned = OwnedStatus::digest(&copy);
         let mut written = lock(&self.written);
         let entry = written.entry(uid.to_owned()).or_default();
-        if entry.events == events_before {
+        if entry.seen != Some(owned) {
             entry.copy = Some(Arc::new(copy));
         }
     }
@@ -654,9 +701,9 @@ mod tests {
     }
 
     #[test]
-    fn a_written_copy_serves_only_until_the_watch_brings_an_event() {
+    fn a_written_copy_serves_until_an_event_shows_the_write() {
         let memory = RunnerMemory::default();
-        let runner = |uid: &str| {
+        let runner = |uid: &str, runner_id: i64| {
             let mut runner = EphemeralRunner::new(
                 "r",
                 serde_json::from_value(serde_json::json!({
@@ -666,28 +713,38 @@ mod tests {
                 .unwrap(),
             );
             runner.metadata.uid = Some(uid.to_owned());
+            runner.status = Some(crds::EphemeralRunnerStatus {
+                runner_id,
+                phase: if runner_id == 0 { "" } else { "Pending" }.to_owned(),
+                ..crds::EphemeralRunnerStatus::default()
+            });
             runner
         };
-        let copy = || runner("u");
+        let (before, written) = (|| runner("u", 0), || runner("u", 7));
         // A copy of another runner of the same name is not this one's.
-        memory.wrote("u", 0, runner("w"));
+        memory.wrote("u", runner("w", 7));
         assert!(memory.fresher("u").is_none());
-        let before = memory.events("u");
-        memory.wrote("u", before, copy());
+        memory.seen(&before());
+        memory.wrote("u", written());
         assert!(memory.fresher("u").is_some());
         assert!(memory.fresher("v").is_none());
-        // Any event: the cache may hold the write now, or something newer.
-        memory.seen("u");
+        // An event from before the write, late: the copy is still newer.
+        memory.seen(&before());
+        assert!(memory.fresher("u").is_some());
+        // The write's own event, or one after it (the listener's job fields leave these fields alone).
+        let mut later = written();
+        later.status.as_mut().unwrap().job_request_id = 3;
+        memory.seen(&later);
         assert!(memory.fresher("u").is_none());
-        // An event while the write was in flight: which is newer is not known, so the cache serves.
-        let before = memory.events("u");
-        memory.seen("u");
-        memory.wrote("u", before, copy());
+        // The write's event came before its response: the cache holds it already.
+        memory.wrote("u", written());
         assert!(memory.fresher("u").is_none());
-        let before = memory.events("u");
-        memory.wrote("u", before, copy());
+        // An older event came while the next write was in flight: the copy is kept.
+        memory.seen(&before());
+        memory.wrote("u", written());
+        assert!(memory.fresher("u").is_some());
         memory.forget("u");
-        assert!(memory.fresher("u").is_none() && memory.events("u") == 0);
+        assert!(memory.fresher("u").is_none());
     }
 
     #[test]

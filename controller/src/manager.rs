@@ -180,9 +180,7 @@ impl Manager {
         let (deleted_expectations, deleted_memory) =
             (Arc::clone(&expectations), Arc::clone(&runner_memory));
         let applied_memory = Arc::clone(&runner_memory);
-        runner_fanout.observe(move |runner: &EphemeralRunner| {
-            applied_memory.seen(&runner.uid().unwrap_or_default());
-        });
+        runner_fanout.observe(move |runner: &EphemeralRunner| applied_memory.seen(runner));
         let (pod_deleted_tx, pod_deleted_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunner>>();
 
         let watches = [

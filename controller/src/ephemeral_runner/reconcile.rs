@@ -492,7 +492,6 @@ impl<'a> Step<'a> {
             field_manager: Some(ER_FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        let events_before = self.ctx.runner_memory.events(&self.uid);
         self.api
             .patch_status(
                 &self.name,
@@ -504,9 +503,7 @@ impl<'a> Step<'a> {
                 // Cached the way the watch caches it.
                 written.managed_fields_mut().clear();
                 super::prune_cached_runner(&mut written);
-                self.ctx
-                    .runner_memory
-                    .wrote(&self.uid, events_before, written);
+                self.ctx.runner_memory.wrote(&self.uid, written);
             })
             .map_err(|source| Error::PatchObject {
                 kind: EphemeralRunner::kind(&()),
