@@ -297,6 +297,21 @@ mod tests {
     }
 
     #[test]
+    fn a_first_attempt_refused_finds_the_pod_the_cache_did_not_show() {
+        let mut facts = fresh();
+        facts.first_attempt = true;
+        facts.fresh_runner = RunnerFact::Live;
+        assert_eq!(decide(&facts), Next::Register);
+        // The Secret's creation was refused (a pod made moments ago has it): read it, then the pod, and follow.
+        facts.first_attempt = false;
+        assert_eq!(decide(&facts), Next::ReadSecret);
+        facts.secret = SecretFact::Valid;
+        assert_eq!(decide(&facts), Next::ReadPod);
+        facts.pod = PodFact::Live(PodVerdict::Wait);
+        assert_eq!(decide(&facts), Next::Follow);
+    }
+
+    #[test]
     fn a_first_attempt_of_an_outdated_or_busy_runner_registers_nothing() {
         let mut facts = fresh();
         facts.first_attempt = true;
@@ -539,9 +554,13 @@ mod tests {
             let alive = |pod: &PodFact| matches!(pod, PodFact::Live(_) | PodFact::Terminating { .. });
             // What the lifecycle rests on for a first attempt: a pod this controller made has a Secret.
             prop_assume!(!(facts.first_attempt && alive(&world.pod) && world.secret == SecretFact::Absent));
-            if steps.contains(&Next::Register) {
+            // A registration that took (a pod follows in the same pass; a first attempt refused registers nothing).
+            if steps.contains(&Next::CreatePod) {
                 prop_assert!(!alive(&facts.pod), "{steps:?}");
                 prop_assert!(!steps.contains(&Next::ReadPod) || !alive(&world.pod), "{steps:?}");
+            }
+            if steps.contains(&Next::Register) {
+                prop_assert!(!alive(&facts.pod), "{steps:?}");
                 // A Secret is created only where none is: read absent, or a first attempt's creation not refused.
                 prop_assert!(
                     !steps.contains(&Next::CreatePod)
