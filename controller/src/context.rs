@@ -342,49 +342,25 @@ pub struct RunnerMemory {
 /// watch event showed of the status fields this controller writes.
 #[derive(Debug, Default)]
 struct Written {
-    /// [`OwnedStatus::digest`] of the last event (kept for every runner, so a digest and not the fields).
+    /// [`owned_status_digest`] of the last event (kept for every runner, so a digest and not the fields).
     seen: Option<u64>,
     copy: Option<Arc<EphemeralRunner>>,
 }
 
-/// The status fields only the EphemeralRunner controller writes (the listener writes the job fields, nobody else
-/// writes status): an event that shows them as a write left them holds that write, or something after it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct OwnedStatus {
-    phase: String,
-    ready: bool,
-    reason: String,
-    message: String,
-    runner_id: i64,
-    runner_name: String,
-    failures: Vec<(String, String)>,
-}
-
-impl OwnedStatus {
-    fn of(runner: &EphemeralRunner) -> Self {
-        let status = runner.status.clone().unwrap_or_default();
-        Self {
-            phase: status.phase,
-            ready: status.ready,
-            reason: status.reason,
-            message: status.message,
-            runner_id: status.runner_id,
-            runner_name: status.runner_name,
-            failures: status
-                .failures
-                .into_iter()
-                .map(|(uid, at)| (uid, at.0.to_string()))
-                .collect(),
-        }
+/// A digest of the status fields only the EphemeralRunner controller writes (phase, ready, reason, message,
+/// identity, failures; the listener writes the job fields, nobody else writes status): an event whose digest is
+/// the one a write left holds that write, or something after it.
+fn owned_status_digest(runner: &EphemeralRunner) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let none = crds::EphemeralRunnerStatus::default();
+    let status = runner.status.as_ref().unwrap_or(&none);
+    (&status.phase, status.ready, &status.reason, &status.message).hash(&mut hasher);
+    (status.runner_id, &status.runner_name).hash(&mut hasher);
+    for (uid, at) in &status.failures {
+        (uid, at.0).hash(&mut hasher);
     }
-
-    /// A digest of `runner`'s owned fields; two runners with equal fields have equal digests.
-    fn digest(runner: &EphemeralRunner) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        Self::of(runner).hash(&mut hasher);
-        hasher.finish()
-    }
+    hasher.finish()
 }
 
 /// What was done for a runner that cannot need doing again.
@@ -513,13 +489,13 @@ impl RunnerMemory {
         let Some(uid) = runner.uid() else {
             return;
         };
-        let owned = OwnedStatus::digest(runner);
+        let owned = owned_status_digest(runner);
         let mut written = lock(&self.written);
         let entry = written.entry(uid).or_default();
         entry.copy = entry
             .copy
             .take()
-            .filter(|copy| OwnedStatus::digest(copy) != owned);
+            .filter(|copy| owned_status_digest(copy) != owned);
         entry.seen = Some(owned);
     }
 
@@ -534,7 +510,7 @@ impl RunnerMemory {
         if copy.uid().as_deref() != Some(uid) {
             return;
         }
-        let owned = OwnedStatus::digest(&copy);
+        let owned = owned_status_digest(&copy);
         let mut written = lock(&self.written);
         let entry = written.entry(uid.to_owned()).or_default();
         if entry.seen != Some(owned) {

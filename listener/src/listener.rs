@@ -466,7 +466,11 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         // moment the message was fetched, and every second spent on status patches lets more of the jobs they
         // count finish, so the ERS would create runners for jobs that are already done. A batch with JobStarted
         // is eventful, so this patch can only scale up: busy runners are never at risk before their patch lands.
-        let scaled = self.scale_or_defer(self.latest.total_assigned_jobs).await;
+        // After a message with job events: a patch that changes the target goes now, one that repeats it waits
+        // up to `Settings::patch_coalesce_window` for the next ones.
+        let scaled = self
+            .scale_step(self.latest.total_assigned_jobs, StepKind::MayDefer)
+            .await;
         self.patch_started_runners(started).await;
         let desired = scaled?;
         self.record_desired(desired);
@@ -564,13 +568,6 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
     /// minimum in effect and, while the scale-down delay holds a peak, the demand to scale for.
     async fn scale(&mut self, assigned_jobs: i64) -> Result<i64> {
         self.scale_step(assigned_jobs, StepKind::Always).await
-    }
-
-    /// The scaling step after a message with job events: a patch that changes the target goes now, one that
-    /// repeats it waits up to [`Settings::patch_coalesce_window`] for the next ([`crate::scaling::may_defer`]).
-    /// Returns the desired count either way.
-    async fn scale_or_defer(&mut self, assigned_jobs: i64) -> Result<i64> {
-        self.scale_step(assigned_jobs, StepKind::MayDefer).await
     }
 
     /// A scaling step of `kind`.

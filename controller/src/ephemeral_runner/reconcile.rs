@@ -366,8 +366,7 @@ impl<'a> Step<'a> {
             fresh_runner: RunnerFact::Unread,
             // Only a runner about to register needs it (hashing the template is not free).
             outdated_template: pod.is_none() && self.template_outdated(),
-            first_attempt: pod.is_none()
-                && status.phase.is_empty()
+            first_attempt: status.phase.is_empty()
                 && status.reason.is_empty()
                 && status.runner_id == 0
                 && status.failures.is_empty()

@@ -29,7 +29,6 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
-use serde_json::json;
 use test_harness::requests::{diff, is_write_verb, parse_requests};
 
 use crate::checks;
@@ -879,29 +878,8 @@ async fn raw_write_rate(client: &Client, namespace: &str, objects: usize) -> Res
     let runners: Api<EphemeralRunner> = Api::namespaced(client.clone(), namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let invalid = |e: serde_json::Error| Error::Invariant(format!("a baseline object: {e}"));
-    let runner: EphemeralRunner = serde_json::from_value(json!({
-        "apiVersion": "actions.github.com/v1alpha1",
-        "kind": "EphemeralRunner",
-        "metadata": {"name": "x"},
-        "spec": {
-            "githubConfigUrl": "https://github.com/bench",
-            "githubConfigSecret": "bench",
-            "runnerScaleSetId": 1,
-            "spec": {"containers": [{"name": "runner", "image": "runner"}]},
-        },
-    }))
-    .map_err(invalid)?;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "x"},
-        "stringData": {"jitToken": "x".repeat(1500), "runnerId": "1"},
-    }))
-    .map_err(invalid)?;
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "x"},
-        "spec": {"containers": [{"name": "runner", "image": "runner"}]},
-    }))
-    .map_err(invalid)?;
+    let (runner, secret, pod) = crate::lifecycle_baseline::sample_objects("x")
+        .map_err(|e| Error::Invariant(format!("a baseline object: {e}")))?;
 
     let started = Instant::now();
     let creates: Vec<Write> = (0..objects)
@@ -993,6 +971,7 @@ enum Write {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn percentiles_use_the_nearest_rank() {

@@ -123,33 +123,13 @@ async fn one_life(
 ) -> std::result::Result<(), kube::Error> {
     let post = PostParams::default();
     let merge = PatchParams::default();
-    let runner: EphemeralRunner = serde_json::from_value(json!({
-        "apiVersion": "actions.github.com/v1alpha1",
-        "kind": "EphemeralRunner",
-        "metadata": {
-            "name": name,
-            "finalizers": [EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER],
-        },
-        "spec": {
-            "githubConfigUrl": "https://github.com/bench",
-            "githubConfigSecret": "bench",
-            "runnerScaleSetId": 1,
-            "spec": {"containers": [{"name": "runner", "image": "runner"}]},
-        },
-    }))
-    .map_err(kube::Error::SerdeError)?;
+    let (mut runner, secret, pod) = sample_objects(name).map_err(kube::Error::SerdeError)?;
+    runner.metadata.finalizers = Some(vec![
+        EPHEMERAL_RUNNER_FINALIZER.to_owned(),
+        EPHEMERAL_RUNNER_REGISTRATION_FINALIZER.to_owned(),
+    ]);
     runners.create(&post, &runner).await?;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "stringData": {"jitToken": "x".repeat(1500), "runnerId": "1"},
-    }))
-    .map_err(kube::Error::SerdeError)?;
     secrets.create(&post, &secret).await?;
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "runner", "image": "runner"}]},
-    }))
-    .map_err(kube::Error::SerdeError)?;
     pods.create(&post, &pod).await?;
     pod_created();
     let status = |fields: serde_json::Value| Patch::Merge(json!({ "status": fields }));
@@ -203,4 +183,29 @@ async fn one_life(
         )
         .await?;
     Ok(())
+}
+
+/// A runner named `name` as small as a scale set makes one, its JIT Secret and its pod: what both baselines write
+/// (this one and the raw write rate in [`crate::bench`]).
+pub(crate) fn sample_objects(name: &str) -> serde_json::Result<(EphemeralRunner, Secret, Pod)> {
+    let runner = serde_json::from_value(json!({
+        "apiVersion": "actions.github.com/v1alpha1",
+        "kind": "EphemeralRunner",
+        "metadata": {"name": name},
+        "spec": {
+            "githubConfigUrl": "https://github.com/bench",
+            "githubConfigSecret": "bench",
+            "runnerScaleSetId": 1,
+            "spec": {"containers": [{"name": "runner", "image": "runner"}]},
+        },
+    }))?;
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"jitToken": "x".repeat(1500), "runnerId": "1"},
+    }))?;
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "runner", "image": "runner"}]},
+    }))?;
+    Ok((runner, secret, pod))
 }
