@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use common::Env;
 use crds::EphemeralRunner;
@@ -225,7 +226,7 @@ async fn edit_runner_container(env: &Env, set: &str, edit: impl FnOnce(&mut Cont
         .expect("the set")
         .spec
         .ephemeral_runner_spec;
-    edit(&mut spec.spec.containers[0]);
+    edit(&mut Arc::make_mut(&mut spec.spec).containers[0]);
     let hash = controller::hash::runner_spec_hash(&spec).expect("hash");
     env.sets()
         .patch(

@@ -1,6 +1,7 @@
 //! `EphemeralRunner`: one single-use runner (one pod, one JIT config Secret).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -94,17 +95,21 @@ pub struct EphemeralRunnerSpec {
     /// Extra metadata for the JIT config Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_runner_config_secret_metadata: Option<ResourceMeta>,
+    // `metadata` and `spec` are behind an `Arc`: the manager's cache holds a copy of every runner (and
+    // kube-runtime's store makes a new one on every watch event), and even without the template, which the cache
+    // does not keep, these two structs inline are most of a runner's size (2.4 of 3 KiB); with an `Arc` every
+    // cached copy shares one empty template (docs/benchmarks.md, manager memory). The serialised form is the same.
     /// Runner pod metadata (inlined from the pod template): labels and annotations of the pod.
     #[serde(default, skip_serializing_if = "is_empty_meta")]
-    pub metadata: ObjectMeta,
+    pub metadata: Arc<ObjectMeta>,
     /// Runner pod spec (inlined from the pod template).
     #[serde(default)]
     #[schemars(transform = crate::schema::no_default)]
-    pub spec: PodSpec,
+    pub spec: Arc<PodSpec>,
 }
 
-fn is_empty_meta(meta: &ObjectMeta) -> bool {
-    *meta == ObjectMeta::default()
+fn is_empty_meta(meta: &Arc<ObjectMeta>) -> bool {
+    **meta == ObjectMeta::default()
 }
 
 // Only `ready` is always serialised; the other fields are `omitempty` in ARC.
@@ -159,8 +164,8 @@ impl EphemeralRunnerSpec {
     /// The runner pod template (metadata and spec inlined in this spec).
     pub fn pod_template(&self) -> PodTemplateSpec {
         PodTemplateSpec {
-            metadata: Some(self.metadata.clone()),
-            spec: Some(self.spec.clone()),
+            metadata: Some(ObjectMeta::clone(&self.metadata)),
+            spec: Some(PodSpec::clone(&self.spec)),
         }
     }
 
@@ -250,7 +255,8 @@ mod tests {
             spec: PodSpec {
                 containers,
                 ..PodSpec::default()
-            },
+            }
+            .into(),
             ..EphemeralRunnerSpec::default()
         }
     }

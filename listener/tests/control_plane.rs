@@ -46,7 +46,8 @@ fn runner_spec(config_url: &str, scale_set_id: i64) -> EphemeralRunnerSpec {
                 ..Container::default()
             }],
             ..PodSpec::default()
-        },
+        }
+        .into(),
         ..EphemeralRunnerSpec::default()
     }
 }

@@ -107,8 +107,8 @@ pub fn desired_runner_set(
         ephemeral_runner_config_secret_metadata: spec
             .ephemeral_runner_config_secret_metadata
             .clone(),
-        metadata: template.metadata.unwrap_or_default(),
-        spec: template.spec.unwrap_or_default(),
+        metadata: template.metadata.unwrap_or_default().into(),
+        spec: template.spec.unwrap_or_default().into(),
         ..EphemeralRunnerSpec::default()
     };
     let base = child_labels(runner_set, COMPONENT_RUNNER_SET, excluded_prefixes);

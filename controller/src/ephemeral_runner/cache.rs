@@ -2,6 +2,7 @@
 //! more (docs/reference/controllers.md, "Watches"). The cache holds every runner and pod for as long as they live.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
 
 use crds::EphemeralRunner;
 use crds::constants::{
@@ -9,6 +10,7 @@ use crds::constants::{
     SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec};
+use kube::api::ObjectMeta;
 
 use super::pod;
 
@@ -29,19 +31,26 @@ pub fn prune_cached_runner(runner: &mut EphemeralRunner) {
         &[INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION],
     );
     let spec = &mut runner.spec;
-    spec.metadata = Default::default();
     spec.ephemeral_runner_config_secret_metadata = None;
-    spec.spec = Default::default();
-    if hooks {
-        spec.spec.containers = vec![Container {
-            name: RUNNER_CONTAINER_NAME.to_owned(),
-            env: Some(vec![EnvVar {
-                name: CONTAINER_HOOKS_ENV.to_owned(),
-                ..EnvVar::default()
-            }]),
-            ..Container::default()
-        }];
-    }
+    // Every pruned runner shares one of two templates: no copy of a template per runner.
+    static NO_TEMPLATE: LazyLock<(Arc<ObjectMeta>, Arc<PodSpec>, Arc<PodSpec>)> =
+        LazyLock::new(|| {
+            let hooks = PodSpec {
+                containers: vec![Container {
+                    name: RUNNER_CONTAINER_NAME.to_owned(),
+                    env: Some(vec![EnvVar {
+                        name: CONTAINER_HOOKS_ENV.to_owned(),
+                        ..EnvVar::default()
+                    }]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            };
+            (Arc::default(), Arc::default(), Arc::new(hooks))
+        });
+    let (metadata, plain, with_hooks) = &*NO_TEMPLATE;
+    spec.metadata = Arc::clone(metadata);
+    spec.spec = Arc::clone(if hooks { with_hooks } else { plain });
 }
 
 /// What the cache keeps of a runner pod: its metadata but for labels and annotations other than the job
@@ -98,7 +107,8 @@ mod tests {
                 metadata: ObjectMeta {
                     labels: Some([("team".to_owned(), "a".to_owned())].into()),
                     ..ObjectMeta::default()
-                },
+                }
+                .into(),
                 spec: PodSpec {
                     containers: vec![
                         container(RUNNER_CONTAINER_NAME, env),
@@ -109,7 +119,8 @@ mod tests {
                         ..Volume::default()
                     }]),
                     ..PodSpec::default()
-                },
+                }
+                .into(),
                 ..EphemeralRunnerSpec::default()
             },
         );
@@ -185,6 +196,21 @@ mod tests {
             let whole = serde_json::to_vec(&full).unwrap().len();
             assert!(kept < whole, "{kept} < {whole}");
         }
+    }
+
+    #[test]
+    fn cached_runners_share_one_template() {
+        for env in [&["A"][..], &["A", CONTAINER_HOOKS_ENV][..]] {
+            let (mut one, mut other) = (runner(env), runner(env));
+            prune_cached_runner(&mut one);
+            prune_cached_runner(&mut other);
+            assert!(Arc::ptr_eq(&one.spec.spec, &other.spec.spec));
+            assert!(Arc::ptr_eq(&one.spec.metadata, &other.spec.metadata));
+        }
+        let (mut plain, mut hooks) = (runner(&["A"]), runner(&[CONTAINER_HOOKS_ENV]));
+        prune_cached_runner(&mut plain);
+        prune_cached_runner(&mut hooks);
+        assert!(!Arc::ptr_eq(&plain.spec.spec, &hooks.spec.spec));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crds::constants::{
     RUNNER_CONTAINER_NAME,
 };
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, Pod, Secret, SecretKeySelector};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::hash::integrity_hash;
@@ -144,7 +144,7 @@ pub fn desired_pod(
     build_version: &str,
 ) -> Result<Pod, PodTemplateProblem> {
     let name = runner.metadata.name.clone().unwrap_or_default();
-    let mut spec = runner.spec.spec.clone();
+    let mut spec = PodSpec::clone(&runner.spec.spec);
     let mut found = false;
     for container in spec
         .containers
@@ -343,7 +343,8 @@ mod tests {
                     ),
                     annotations: Some([("t".into(), "1".into())].into()),
                     ..ObjectMeta::default()
-                },
+                }
+                .into(),
                 spec: PodSpec {
                     containers: containers
                         .iter()
@@ -355,7 +356,8 @@ mod tests {
                         })
                         .collect(),
                     ..PodSpec::default()
-                },
+                }
+                .into(),
                 ..EphemeralRunnerSpec::default()
             },
         );

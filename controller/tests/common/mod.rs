@@ -170,7 +170,8 @@ impl Env {
                         }],
                         restart_policy: Some("Never".to_owned()),
                         ..PodSpec::default()
-                    },
+                    }
+                    .into(),
                     ..EphemeralRunnerSpec::default()
                 },
                 ephemeral_runner_metadata: None,

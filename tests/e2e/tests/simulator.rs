@@ -402,7 +402,8 @@ async fn the_manager_runner_controllers_with_simulated_runners_serve_every_job()
                     }],
                     restart_policy: Some("Never".to_owned()),
                     ..PodSpec::default()
-                },
+                }
+                .into(),
                 ..EphemeralRunnerSpec::default()
             },
             ephemeral_runner_metadata: None,
