@@ -1,13 +1,14 @@
 //! The state shared by every reconciler: clients, stores, metrics, options, and small in-memory books
 //! (error backoff, scale expectations, runner disruption history).
 
+use crate::ephemeral_runner::CachedPod;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crds::{EphemeralRunner, EphemeralRunnerSet};
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
@@ -49,7 +50,7 @@ pub struct Stores {
     /// EphemeralRunners.
     pub runners: Store<EphemeralRunner>,
     /// Runner pods (label `actions-ephemeral-runner=True`).
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
 }
 
 /// Shared by all reconcilers, behind an `Arc`.

@@ -19,6 +19,8 @@ use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, Ephemeral
 use futures::StreamExt;
 use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::Pod;
+
+use crate::ephemeral_runner::CachedPod;
 use kube::api::ListParams;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -150,7 +152,7 @@ impl Manager {
         let runners_for_runner_controller = runner_fanout.subscribe();
         let runners_for_set_controller = runner_fanout.subscribe();
         let runners_for_teardown = runner_fanout.subscribe();
-        let (pod_store, pod_writer) = reflector::store::<Pod>();
+        let (pod_store, pod_writer) = reflector::store::<CachedPod>();
         let mut pod_fanout = Fanout::default();
         let pods_for_runner_controller = pod_fanout.subscribe();
         let pods_for_teardown = pod_fanout.subscribe();
@@ -213,13 +215,13 @@ impl Manager {
                 stop_watches.clone(),
             ),
             spawn_pruned_watch(
-                self.api::<Pod>(),
+                self.api::<CachedPod>(),
                 watcher::Config::default().labels(&format!(
                     "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
                 )),
                 pod_writer,
                 pod_fanout,
-                move |pod: &Pod| {
+                move |pod: &CachedPod| {
                     if let Some(owner) = controller_owner::<_, EphemeralRunner>(pod) {
                         let _ = pod_deleted_tx.unbounded_send(owner);
                     }
@@ -352,7 +354,7 @@ struct ScaleSetParts {
     pod_deletions: mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>,
     /// Runners and runner pods, for the `RunnersCanStart` condition.
     runners_for_runner_sets: SharedStream<EphemeralRunner>,
-    runner_pods_for_runner_sets: SharedStream<Pod>,
+    runner_pods_for_runner_sets: SharedStream<CachedPod>,
 }
 
 /// Where a watch's objects go: every applied object to every subscriber, unbounded.
@@ -418,7 +420,7 @@ impl ScaleSetWatches {
         namespace: &str,
         ephemeral_runner_sets: &mut Fanout<EphemeralRunnerSet>,
         runners: &mut Fanout<EphemeralRunner>,
-        runner_pods: &mut Fanout<Pod>,
+        runner_pods: &mut Fanout<CachedPod>,
     ) -> Self {
         let (runner_set_store, runner_set_writer) = reflector::store();
         let (listener_store, listener_writer) = reflector::store();
@@ -550,7 +552,7 @@ impl ScaleSetParts {
 async fn wait_ready(
     sets: &Store<EphemeralRunnerSet>,
     runners: &Store<EphemeralRunner>,
-    pods: &Store<Pod>,
+    pods: &Store<CachedPod>,
 ) -> Result<()> {
     listed(sets).await?;
     listed(runners).await?;

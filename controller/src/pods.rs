@@ -1,12 +1,13 @@
 //! Facts about a pod, read from its status alone: its conditions, readiness, whether it waits for a node, and
 //! what the listener container is doing. Shared by the controllers, which draw their own conclusions.
 
+use crate::ephemeral_runner::CachedPod;
 use crds::constants::LISTENER_CONTAINER_NAME;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::jiff::Timestamp;
 
 /// The pod's conditions (none before the kubelet or scheduler reported any).
-pub fn conditions(pod: &Pod) -> &[PodCondition] {
+pub fn conditions(pod: &CachedPod) -> &[PodCondition] {
     pod.status
         .as_ref()
         .and_then(|status| status.conditions.as_deref())
@@ -14,11 +15,11 @@ pub fn conditions(pod: &Pod) -> &[PodCondition] {
 }
 
 /// Whether the pod's Ready condition (the latest one) is True.
-pub fn is_ready(pod: &Pod) -> bool {
+pub fn is_ready(pod: &CachedPod) -> bool {
     ready_condition(pod).is_some_and(|condition| condition.status == "True")
 }
 
-fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
+fn ready_condition(pod: &CachedPod) -> Option<&PodCondition> {
     conditions(pod)
         .iter()
         .filter(|condition| condition.type_ == "Ready")
@@ -26,14 +27,14 @@ fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
 }
 
 /// When the pod last became Ready, if it is Ready.
-pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
+pub fn ready_since(pod: &CachedPod) -> Option<Timestamp> {
     ready_condition(pod)
         .filter(|condition| condition.status == "True")
         .and_then(|condition| condition.last_transition_time.as_ref().map(|time| time.0))
 }
 
 /// Whether the scheduler found no node for the pod (so a cluster autoscaler may be adding one).
-pub fn is_waiting_for_node(pod: &Pod) -> bool {
+pub fn is_waiting_for_node(pod: &CachedPod) -> bool {
     conditions(pod).iter().any(|condition| {
         condition.type_ == "PodScheduled"
             && condition.status == "False"
@@ -99,13 +100,13 @@ pub(crate) mod tests {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).unwrap()
     }
 
-    fn with_conditions(conditions: Vec<PodCondition>) -> Pod {
-        Pod {
+    fn with_conditions(conditions: Vec<PodCondition>) -> CachedPod {
+        CachedPod {
             status: Some(PodStatus {
                 conditions: Some(conditions),
                 ..PodStatus::default()
             }),
-            ..Pod::default()
+            ..CachedPod::default()
         }
     }
 
@@ -139,12 +140,12 @@ pub(crate) mod tests {
         let pod = with_conditions(vec![condition("Ready", "False", None, 100)]);
         assert!(!is_ready(&pod));
         assert_eq!(ready_since(&pod), None);
-        assert!(!is_ready(&Pod::default()));
+        assert!(!is_ready(&CachedPod::default()));
     }
 
     #[test]
     fn waiting_for_a_node() {
-        assert!(!is_waiting_for_node(&Pod::default()));
+        assert!(!is_waiting_for_node(&CachedPod::default()));
         assert!(!is_waiting_for_node(&with_conditions(vec![])));
         assert!(is_waiting_for_node(&with_conditions(vec![condition(
             "PodScheduled",

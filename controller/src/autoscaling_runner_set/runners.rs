@@ -12,6 +12,7 @@
 //!
 //! [`PENDING_TOO_LONG`]: crate::options::PENDING_TOO_LONG
 
+use crate::ephemeral_runner::CachedPod;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use crds::constants::{phase, reason};
 use crds::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use futures::{Stream, StreamExt, future, stream};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
@@ -100,13 +101,13 @@ fn waiting(status: &ContainerStatus) -> Option<(&str, &str)> {
     ))
 }
 
-fn is_pending(pod: &Pod) -> bool {
+fn is_pending(pod: &CachedPod) -> bool {
     pod.status
         .as_ref()
         .is_some_and(|status| status.phase.as_deref().is_none_or(|p| p == "Pending"))
 }
 
-fn pod_scheduled(pod: &Pod) -> Option<&PodCondition> {
+fn pod_scheduled(pod: &CachedPod) -> Option<&PodCondition> {
     pod.status
         .as_ref()?
         .conditions
@@ -118,7 +119,7 @@ fn pod_scheduled(pod: &Pod) -> Option<&PodCondition> {
 /// What the runner's pod says at `now`: the scheduler finds no node for it, the kubelet cannot start a
 /// container, or (by the clock) it has stayed `Pending` for longer than `limit`
 /// ([`crate::options::PENDING_TOO_LONG`] by default).
-pub fn pod_blockage(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Blockage> {
+pub fn pod_blockage(pod: &CachedPod, now: Timestamp, limit: Duration) -> Option<Blockage> {
     let status = pod.status.as_ref()?;
     if !is_pending(pod) {
         return None;
@@ -214,7 +215,7 @@ pub fn pod_blockage(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Blocka
 /// How long until `pod`, `Pending` and not blocked by anything else, counts as blocked by the clock alone
 /// ([`pod_blockage`]'s `limit`). Nothing announces that moment, so the set's next pass is due then; `None` when
 /// the pod is not pending, is already blocked, or has no creation time.
-pub fn pending_deadline(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Duration> {
+pub fn pending_deadline(pod: &CachedPod, now: Timestamp, limit: Duration) -> Option<Duration> {
     if !is_pending(pod) || pod_blockage(pod, now, limit).is_some() {
         return None;
     }
@@ -229,14 +230,18 @@ pub fn pending_deadline(pod: &Pod, now: Timestamp, limit: Duration) -> Option<Du
 }
 
 /// Why a runner cannot start, from the runner and its pod, now (`limit`: see [`pod_blockage`]).
-pub fn blockage(runner: &EphemeralRunner, pod: Option<&Pod>, limit: Duration) -> Option<Blockage> {
+pub fn blockage(
+    runner: &EphemeralRunner,
+    pod: Option<&CachedPod>,
+    limit: Duration,
+) -> Option<Blockage> {
     blockage_at(runner, pod, Timestamp::now(), limit)
 }
 
 /// Why a runner cannot start, from the runner and its pod, at `now`.
 pub fn blockage_at(
     runner: &EphemeralRunner,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     now: Timestamp,
     limit: Duration,
 ) -> Option<Blockage> {
@@ -306,7 +311,7 @@ pub fn runner_set_of_runner(runner: &EphemeralRunner) -> Option<ObjectRef<Autosc
 /// brings its set back at once (it may show the pod as blocked).
 pub fn blockage_changes(
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
-    pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
+    pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     runner_store: Store<EphemeralRunner>,
     limit: Duration,
 ) -> impl Stream<Item = ObjectRef<AutoscalingRunnerSet>> + Send + 'static {
@@ -316,14 +321,14 @@ pub fn blockage_changes(
 /// [`blockage_changes`] with the time from `clock`.
 fn blockage_changes_by(
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
-    pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
+    pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     runner_store: Store<EphemeralRunner>,
     clock: impl Fn() -> Timestamp + Send + 'static,
     limit: Duration,
 ) -> impl Stream<Item = ObjectRef<AutoscalingRunnerSet>> + Send + 'static {
     enum Seen {
         Runner(Arc<EphemeralRunner>),
-        Pod(Arc<Pod>),
+        Pod(Arc<CachedPod>),
     }
     #[derive(Default)]
     struct Memory {
@@ -426,7 +431,7 @@ mod tests {
         runner
     }
 
-    fn pod(name: &str, status: serde_json::Value) -> Pod {
+    fn pod(name: &str, status: serde_json::Value) -> CachedPod {
         serde_json::from_value(
             json!({"metadata": {"name": name, "namespace": "ns"}, "status": status}),
         )
@@ -434,7 +439,7 @@ mod tests {
     }
 
     /// Pods of these tests are created at 0; "now" is a minute later.
-    fn created(mut pod: Pod) -> Pod {
+    fn created(mut pod: CachedPod) -> CachedPod {
         pod.metadata.creation_timestamp = Some(Time(Timestamp::from_second(0).unwrap()));
         pod
     }
@@ -443,11 +448,11 @@ mod tests {
         Timestamp::from_second(m * 60).unwrap()
     }
 
-    fn pod_blockage_now(pod: &Pod) -> Option<Blockage> {
+    fn pod_blockage_now(pod: &CachedPod) -> Option<Blockage> {
         pod_blockage(&created(pod.clone()), minutes(1), PENDING_TOO_LONG)
     }
 
-    fn waiting_pod(name: &str, reason: &str, message: &str) -> Pod {
+    fn waiting_pod(name: &str, reason: &str, message: &str) -> CachedPod {
         pod(
             name,
             json!({"phase": "Pending", "containerStatuses": [{
@@ -576,7 +581,7 @@ mod tests {
         );
     }
 
-    fn unscheduled(reason: &str, message: &str) -> Pod {
+    fn unscheduled(reason: &str, message: &str) -> CachedPod {
         created(pod(
             "a",
             json!({"phase": "Pending", "conditions": [{

@@ -1,6 +1,7 @@
 //! What the manager's caches keep of EphemeralRunners and their pods: what the controllers' decisions read, no
 //! more (docs/reference/controllers.md, "Watches"). The cache holds every runner and pod for as long as they live.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
@@ -9,8 +10,11 @@ use crds::constants::{
     CONTAINER_HOOKS_ENV, INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, RUNNER_CONTAINER_NAME,
     SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, PodStatus};
+use kube::Resource;
 use kube::api::ObjectMeta;
+use serde::Deserialize;
 
 use super::pod;
 
@@ -53,17 +57,80 @@ pub fn prune_cached_runner(runner: &mut EphemeralRunner) {
     spec.spec = Arc::clone(if hooks { with_hooks } else { plain });
 }
 
-/// What the cache keeps of a runner pod: its metadata but for labels and annotations other than the job
-/// metadata, its status, and of its spec the node and scheduler names (which the scale set's blockage check
-/// reports). The rest of the spec is the runner's template again.
-pub fn prune_cached_pod(pod: &mut Pod) {
+/// A runner pod as the manager's cache keeps it: its metadata, its status, and of its spec the node and scheduler
+/// names (which the scale set's blockage check reports). The rest of the spec is the runner's template again, and
+/// `Pod`'s spec alone is 1.4 KiB inline even when empty, so the watch reads pods into this type instead: the API
+/// server's answer is decoded into these fields and the rest is never allocated. Field names are `Pod`'s, so code
+/// reads either the same way.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct CachedPod {
+    /// The pod's metadata (labels and annotations but the job metadata dropped, see [`prune_cached_pod`]).
+    pub metadata: ObjectMeta,
+    /// What decisions read of the pod's spec.
+    #[serde(default)]
+    pub spec: Option<CachedPodSpec>,
+    /// The pod's status, whole.
+    #[serde(default)]
+    pub status: Option<PodStatus>,
+}
+
+/// What [`CachedPod`] keeps of a pod's spec.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodSpec {
+    /// The node the pod was bound to.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// The scheduler the pod asked for.
+    #[serde(default)]
+    pub scheduler_name: Option<String>,
+}
+
+impl Resource for CachedPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Pod::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Pod::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Pod::version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Pod::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl From<Pod> for CachedPod {
+    /// What the cache would keep of `pod`, for a pod read from the API server directly (and for tests).
+    fn from(pod: Pod) -> Self {
+        let mut cached = Self {
+            metadata: pod.metadata,
+            spec: pod.spec.map(|spec| CachedPodSpec {
+                node_name: spec.node_name,
+                scheduler_name: spec.scheduler_name,
+            }),
+            status: pod.status,
+        };
+        prune_cached_pod(&mut cached);
+        cached
+    }
+}
+
+/// Of a cached runner pod's labels and annotations, only the job metadata stays (the pod's other labels and
+/// annotations are its runner's).
+pub fn prune_cached_pod(pod: &mut CachedPod) {
     keep_keys(&mut pod.metadata.labels, &pod::JOB_METADATA_KEYS);
     keep_keys(&mut pod.metadata.annotations, &pod::JOB_METADATA_KEYS);
-    pod.spec = pod.spec.take().map(|spec| PodSpec {
-        node_name: spec.node_name,
-        scheduler_name: spec.scheduler_name,
-        ..PodSpec::default()
-    });
 }
 
 /// Drops every entry of `map` but `keys`.
@@ -214,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_pod_is_judged_and_labelled_as_the_whole_one() {
+    fn a_cached_pod_keeps_its_status_placement_and_job_metadata() {
         let status = crds::EphemeralRunnerStatus {
             job_id: "8f3a-11".to_owned(),
             job_request_id: 5,
@@ -260,19 +327,19 @@ mod tests {
         };
         for labelled in [false, true] {
             let whole = full(labelled);
-            let mut cached = whole.clone();
-            prune_cached_pod(&mut cached);
-            assert_eq!(
-                crate::ephemeral_runner::policy::judge_pod(&cached),
-                crate::ephemeral_runner::policy::judge_pod(&whole)
-            );
-            assert_eq!(metadata.is_on(&cached), metadata.is_on(&whole));
+            // The watch decodes the API server's answer straight into the cached type; a pod read from the API
+            // server directly is converted. Both keep the same.
+            let mut decoded: CachedPod =
+                serde_json::from_value(serde_json::to_value(&whole).unwrap()).unwrap();
+            prune_cached_pod(&mut decoded);
+            let cached = CachedPod::from(whole.clone());
+            assert_eq!(decoded, cached);
             assert_eq!(metadata.is_on(&cached), labelled);
             assert_eq!(cached.status, whole.status);
+            assert_eq!(cached.metadata.uid, whole.metadata.uid);
             let spec = cached.spec.as_ref().expect("a spec");
             assert_eq!(spec.node_name.as_deref(), Some("node-1"));
             assert_eq!(spec.scheduler_name.as_deref(), Some("custom"));
-            assert!(spec.containers.is_empty());
             assert!(
                 cached
                     .metadata

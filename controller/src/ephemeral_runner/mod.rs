@@ -15,12 +15,11 @@ use std::sync::Arc;
 
 use crds::EphemeralRunner;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
-pub use cache::{prune_cached_pod, prune_cached_runner};
+pub use cache::{CachedPod, CachedPodSpec, prune_cached_pod, prune_cached_runner};
 pub use reconcile::{POD_DELETED_EVENT, POD_DELETED_REASON};
 
 use crate::context::{Context, ErrorRequeue};
@@ -71,7 +70,7 @@ fn teardown_error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<C
 pub async fn run_teardown(
     ctx: Arc<Context>,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
-    pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
+    pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let config = Config::default().concurrency(ctx.options.runner_teardown_concurrency);
@@ -92,7 +91,7 @@ pub async fn run_teardown(
 pub async fn run(
     ctx: Arc<Context>,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
-    pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
+    pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     pod_deletions: impl Stream<Item = ObjectRef<EphemeralRunner>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {

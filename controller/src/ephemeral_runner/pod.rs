@@ -2,6 +2,7 @@
 //! (docs/reference/controllers.md, "JIT Secret"), the runner pod ("Runner pod") and the job labels and annotations
 //! put on the pod once a job is assigned (docs/reference/beyond-arc.md, item 15).
 
+use crate::ephemeral_runner::CachedPod;
 use std::collections::BTreeMap;
 
 use crds::EphemeralRunner;
@@ -245,7 +246,7 @@ pub struct JobMetadata {
 
 impl JobMetadata {
     /// Whether `pod` already carries all of it.
-    pub fn is_on(&self, pod: &Pod) -> bool {
+    pub fn is_on(&self, pod: &CachedPod) -> bool {
         let has_all = |wanted: &BTreeMap<String, String>,
                        have: Option<&BTreeMap<String, String>>| {
             wanted
@@ -543,7 +544,7 @@ mod tests {
             metadata.annotations[JOB_DISPLAY_NAME_ANNOTATION],
             "build (ubuntu)"
         );
-        let mut pod = Pod::default();
+        let mut pod = CachedPod::default();
         assert!(!metadata.is_on(&pod));
         pod.metadata.labels = Some(metadata.labels.clone());
         pod.metadata.annotations = Some(metadata.annotations.clone());

@@ -6,11 +6,12 @@
 //! failed for a reason of its own. Disruptions are the cluster's doing and are never counted: evictions,
 //! preemption, node loss, and the kubelet refusing the pod (`OutOfcpu`, `UnexpectedAdmissionError`, ...).
 
+use crate::ephemeral_runner::CachedPod;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crds::constants::RUNNER_CONTAINER_NAME;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -57,7 +58,7 @@ pub struct PodFailure {
     pub message: String,
 }
 
-fn runner_status(pod: &Pod) -> Option<&ContainerStatus> {
+fn runner_status(pod: &CachedPod) -> Option<&ContainerStatus> {
     pod.status
         .as_ref()?
         .container_statuses
@@ -76,7 +77,7 @@ fn exit_code(status: &ContainerStatus) -> Option<i32> {
 }
 
 /// Why the cluster took the pod away, if it did.
-pub fn disruption_class(pod: &Pod) -> Option<&'static str> {
+pub fn disruption_class(pod: &CachedPod) -> Option<&'static str> {
     let reason = pod
         .status
         .as_ref()
@@ -109,7 +110,7 @@ pub fn disruption_class(pod: &Pod) -> Option<&'static str> {
     })
 }
 
-pub(crate) fn pod_phase(pod: &Pod) -> &str {
+pub(crate) fn pod_phase(pod: &CachedPod) -> &str {
     pod.status
         .as_ref()
         .and_then(|status| status.phase.as_deref())
@@ -117,7 +118,7 @@ pub(crate) fn pod_phase(pod: &Pod) -> &str {
 }
 
 fn failure(
-    pod: &Pod,
+    pod: &CachedPod,
     counted_class: &'static str,
     default_reason: &str,
     default_message: String,
@@ -140,7 +141,7 @@ fn failure(
 
 /// What the state of a runner pod means, with disruptions told apart (docs/reference/controllers.md, "Following the
 /// pod").
-pub fn judge_pod(pod: &Pod) -> PodVerdict {
+pub fn judge_pod(pod: &CachedPod) -> PodVerdict {
     let runner = runner_status(pod);
     let runner_exit = runner.and_then(exit_code);
     let phase = pod_phase(pod);
@@ -303,14 +304,14 @@ mod tests {
         }
     }
 
-    fn pod(phase: &str, runner: Option<Option<i32>>) -> Pod {
-        Pod {
+    fn pod(phase: &str, runner: Option<Option<i32>>) -> CachedPod {
+        CachedPod {
             status: Some(PodStatus {
                 phase: Some(phase.to_owned()),
                 container_statuses: runner.map(|exit| vec![container("runner", exit)]),
                 ..PodStatus::default()
             }),
-            ..Pod::default()
+            ..CachedPod::default()
         }
     }
 

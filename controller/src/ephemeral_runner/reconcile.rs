@@ -20,6 +20,7 @@
 //! Status edits are typed merge patches of the changed fields only, under this controller's field manager: the
 //! listener writes the job fields of the same status, and a merge patch never touches fields it does not name.
 
+use crate::ephemeral_runner::CachedPod;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -82,7 +83,7 @@ const MAX_STEPS: usize = 16;
 /// Whether a runner's end has come, which the teardown lane carries out ([`teardown`]): it is being deleted, or
 /// its pod succeeded (the runner ran its one job and exited 0) while it is not already done. A pod being deleted
 /// whose idle runner exited 0 on the way is the main lane's: a pod taken away (`decide`).
-pub fn in_teardown(runner: &EphemeralRunner, pod: Option<&Pod>) -> bool {
+pub fn in_teardown(runner: &EphemeralRunner, pod: Option<&CachedPod>) -> bool {
     runner.meta().deletion_timestamp.is_some()
         || (!runner.is_done()
             && pod.is_some_and(|pod| {
@@ -220,7 +221,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
 }
 
 /// What the pod in hand says, for [`decide`].
-fn pod_fact(pod: Option<&Pod>, now: Timestamp) -> PodFact {
+fn pod_fact(pod: Option<&CachedPod>, now: Timestamp) -> PodFact {
     let Some(pod) = pod else {
         return PodFact::Gone;
     };
@@ -341,7 +342,7 @@ impl<'a> Step<'a> {
     }
 
     /// What the cached runner and pod say, before anything is read from the API server.
-    fn initial_facts(&self, pod: Option<&Pod>) -> Facts {
+    fn initial_facts(&self, pod: Option<&CachedPod>) -> Facts {
         let status = self.status();
         let finalizers = self.runner.finalizers();
         let has = |finalizer: &str| finalizers.iter().any(|have| have == finalizer);
@@ -399,7 +400,7 @@ impl<'a> Step<'a> {
     }
 
     /// The runner's pod as the watch cache shows it now.
-    fn cached_pod(&self) -> Option<Arc<Pod>> {
+    fn cached_pod(&self) -> Option<Arc<CachedPod>> {
         self.ctx
             .stores
             .pods
@@ -542,10 +543,11 @@ impl<'a> Step<'a> {
     }
 
     /// The pod, from the API server.
-    async fn read_pod(&self) -> Result<Option<Pod>> {
+    async fn read_pod(&self) -> Result<Option<CachedPod>> {
         self.pods
             .get_opt(&self.name)
             .await
+            .map(|pod| pod.map(CachedPod::from))
             .map_err(|source| Error::ReadObjects {
                 kind: Pod::kind(&()),
                 namespace: self.namespace.clone(),
@@ -762,7 +764,7 @@ impl<'a> Step<'a> {
 
     /// Waits for a deleted pod to go: its deletion event brings the runner back; so does its deadline, after which
     /// the runner gives up its place.
-    fn await_pod_gone(&self, pod: Option<&Pod>) -> Action {
+    fn await_pod_gone(&self, pod: Option<&CachedPod>) -> Action {
         let deadline = pod
             .and_then(|pod| pod.meta().deletion_timestamp.as_ref())
             .map(|deadline| deadline.0);
@@ -921,6 +923,7 @@ impl<'a> Step<'a> {
                 self.record_identity(identity, &mut patch);
                 let status = self.status();
                 // The API server sets every new pod Pending.
+                let created = CachedPod::from(created);
                 let pod_phase = match super::policy::pod_phase(&created) {
                     "" => phase::PENDING,
                     other => other,
@@ -1075,7 +1078,7 @@ impl<'a> Step<'a> {
         Ok(Action::await_change())
     }
 
-    async fn handle_pod(&self, pod: &Pod, identity: Option<&JitIdentity>) -> Result<Action> {
+    async fn handle_pod(&self, pod: &CachedPod, identity: Option<&JitIdentity>) -> Result<Action> {
         let pod_uid = pod.uid().unwrap_or_default();
         let status = self.status();
         if status.failures.contains_key(&pod_uid) {
@@ -1225,7 +1228,7 @@ impl<'a> Step<'a> {
     /// consumed it), the failure recorded (counted or not) and the pod deleted, to be recreated after the backoff.
     async fn pod_failed(
         &self,
-        pod: &Pod,
+        pod: &CachedPod,
         failure: PodFailure,
         identity: Option<&JitIdentity>,
     ) -> Result<Action> {
@@ -1514,7 +1517,7 @@ mod tests {
             }))
             .unwrap()
         };
-        let pod = |phase: &str, exit_code: i32| -> Pod {
+        let pod = |phase: &str, exit_code: i32| -> CachedPod {
             serde_json::from_value(json!({
                 "metadata": { "name": "r", "namespace": "ns" },
                 "status": {

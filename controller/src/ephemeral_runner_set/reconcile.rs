@@ -12,6 +12,7 @@
 //!   for the grace period, and deregisters each before deleting it; a runner the service reports busy is kept.
 //! * Deleting the set deregisters and deletes idle runners first and waits for busy ones to finish.
 
+use crate::ephemeral_runner::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use crds::names::ephemeral_runner_set_proxy_secret_name;
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use futures::{StreamExt, stream};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -139,7 +140,7 @@ impl<'a> SetStep<'a> {
             .get(&ObjectRef::new(name).within(&self.namespace))
     }
 
-    fn pod_of(&self, runner: &EphemeralRunner) -> Option<Arc<Pod>> {
+    fn pod_of(&self, runner: &EphemeralRunner) -> Option<Arc<CachedPod>> {
         self.ctx
             .stores
             .pods

@@ -2,12 +2,12 @@
 //! runners a scale-down may remove (docs/reference/controllers.md, "Counting runners", "The patch-ID protocol",
 //! "Scale down"; docs/reference/beyond-arc.md, item 8).
 
+use crate::ephemeral_runner::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crds::constants::{INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, phase};
 use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -208,7 +208,7 @@ pub enum Keep {
 /// Whether a runner (pending or running, with its pod if any) may be removed now.
 pub fn keep_reason(
     runner: &EphemeralRunner,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     grace: Duration,
     now: Timestamp,
 ) -> Option<Keep> {
@@ -236,7 +236,7 @@ pub fn keep_reason(
 /// period, so the caller can come back when a protected runner becomes removable.
 pub fn removal_candidates<'a>(
     census: &'a Census,
-    pod_of: impl Fn(&EphemeralRunner) -> Option<Arc<Pod>>,
+    pod_of: impl Fn(&EphemeralRunner) -> Option<Arc<CachedPod>>,
     grace: Duration,
     now: Timestamp,
 ) -> (Vec<&'a Arc<EphemeralRunner>>, Option<Duration>) {
@@ -300,8 +300,8 @@ mod tests {
         Arc::new(runner)
     }
 
-    fn ready_pod(since: i64) -> Arc<Pod> {
-        Arc::new(Pod {
+    fn ready_pod(since: i64) -> Arc<CachedPod> {
+        Arc::new(CachedPod {
             status: Some(PodStatus {
                 phase: Some("Running".into()),
                 conditions: Some(vec![PodCondition {
@@ -312,12 +312,12 @@ mod tests {
                 }]),
                 ..PodStatus::default()
             }),
-            ..Pod::default()
+            ..CachedPod::default()
         })
     }
 
-    fn unschedulable_pod() -> Arc<Pod> {
-        Arc::new(Pod {
+    fn unschedulable_pod() -> Arc<CachedPod> {
+        Arc::new(CachedPod {
             status: Some(PodStatus {
                 phase: Some("Pending".into()),
                 conditions: Some(vec![PodCondition {
@@ -328,7 +328,7 @@ mod tests {
                 }]),
                 ..PodStatus::default()
             }),
-            ..Pod::default()
+            ..CachedPod::default()
         })
     }
 

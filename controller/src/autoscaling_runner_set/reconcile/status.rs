@@ -1,12 +1,12 @@
 //! The set's status: phase, counters and conditions (among them the runners that cannot start, from the manager's
 //! caches), written only when they changed, and the Events for condition changes that matter to users.
 
+use crate::ephemeral_runner::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crds::constants::phase;
 use crds::{AutoscalingRunnerSet, EphemeralRunner};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -27,7 +27,9 @@ use crate::options::ARS_FIELD_MANAGER;
 
 impl Step<'_> {
     /// The set's runner pods, from the manager's caches (runners being deleted left out).
-    fn runner_pods(&self) -> impl Iterator<Item = (Arc<EphemeralRunner>, Option<Arc<Pod>>)> + '_ {
+    fn runner_pods(
+        &self,
+    ) -> impl Iterator<Item = (Arc<EphemeralRunner>, Option<Arc<CachedPod>>)> + '_ {
         let stores = &self.ctx.base.stores;
         let set = ObjectRef::<AutoscalingRunnerSet>::new(&self.name).within(&self.namespace);
         stores
