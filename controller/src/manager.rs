@@ -19,8 +19,6 @@ use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, Ephemeral
 use futures::StreamExt;
 use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::Pod;
-
-use crate::ephemeral_runner::CachedPod;
 use kube::api::ListParams;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -38,6 +36,7 @@ use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
+use crate::pods::CachedPod;
 use crate::{autoscaling_listener, autoscaling_runner_set, ephemeral_runner, ephemeral_runner_set};
 
 /// Reporting controller name on Events.

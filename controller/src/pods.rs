@@ -1,10 +1,82 @@
 //! Facts about a pod, read from its status alone: its conditions, readiness, whether it waits for a node, and
-//! what the listener container is doing. Shared by the controllers, which draw their own conclusions.
+//! what the listener container is doing; and [`CachedPod`], what the manager's cache keeps of a runner pod. Shared by the controllers, which draw their own conclusions.
 
-use crate::ephemeral_runner::CachedPod;
+use std::borrow::Cow;
+
 use crds::constants::LISTENER_CONTAINER_NAME;
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use serde::Deserialize;
+
+/// A runner pod as the manager's cache keeps it: its metadata, its status, and of its spec the node and scheduler
+/// names (which the scale set's blockage check reports). The rest of the spec is the runner's template again, and
+/// `Pod`'s spec alone is 1.4 KiB inline even when empty, so the runner pod watch reads pods into this type: the API
+/// server's answer is decoded into these fields and the rest is never allocated. Field names are `Pod`'s, so code
+/// reads either the same way.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct CachedPod {
+    /// The pod's metadata (the manager's cache drops its labels and annotations but the job metadata).
+    pub metadata: ObjectMeta,
+    /// What decisions read of the pod's spec.
+    #[serde(default)]
+    pub spec: Option<CachedPodSpec>,
+    /// The pod's status, whole.
+    #[serde(default)]
+    pub status: Option<PodStatus>,
+}
+
+/// What [`CachedPod`] keeps of a pod's spec.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodSpec {
+    /// The node the pod was bound to.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// The scheduler the pod asked for.
+    #[serde(default)]
+    pub scheduler_name: Option<String>,
+}
+
+impl Resource for CachedPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Pod::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Pod::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Pod::version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Pod::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl From<Pod> for CachedPod {
+    /// What the watch decodes of `pod`, for a pod read from the API server directly (and for tests).
+    fn from(pod: Pod) -> Self {
+        Self {
+            metadata: pod.metadata,
+            spec: pod.spec.map(|spec| CachedPodSpec {
+                node_name: spec.node_name,
+                scheduler_name: spec.scheduler_name,
+            }),
+            status: pod.status,
+        }
+    }
+}
 
 /// The pod's conditions (none before the kubelet or scheduler reported any).
 pub fn conditions(pod: &CachedPod) -> &[PodCondition] {

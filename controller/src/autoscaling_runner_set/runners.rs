@@ -12,7 +12,6 @@
 //!
 //! [`PENDING_TOO_LONG`]: crate::options::PENDING_TOO_LONG
 
-use crate::ephemeral_runner::CachedPod;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -26,6 +25,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
 use super::conditions::Finding;
+use crate::pods::CachedPod;
 
 /// Container waiting reasons of an image that cannot be pulled.
 const IMAGE_PULL_REASONS: [&str; 4] = [

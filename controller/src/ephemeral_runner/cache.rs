@@ -1,7 +1,6 @@
 //! What the manager's caches keep of EphemeralRunners and their pods: what the controllers' decisions read, no
 //! more (docs/reference/controllers.md, "Watches"). The cache holds every runner and pod for as long as they live.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
@@ -10,13 +9,11 @@ use crds::constants::{
     CONTAINER_HOOKS_ENV, INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, RUNNER_CONTAINER_NAME,
     SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
-use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, PodStatus};
-use kube::Resource;
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 use kube::api::ObjectMeta;
-use serde::Deserialize;
 
 use super::pod;
+use crate::pods::CachedPod;
 
 /// What the cache keeps of an EphemeralRunner: what the controllers' decisions read of it. Its pod template
 /// is read only to register the runner and create its pod, from a copy read from the API server just before (the
@@ -57,75 +54,6 @@ pub fn prune_cached_runner(runner: &mut EphemeralRunner) {
     spec.spec = Arc::clone(if hooks { with_hooks } else { plain });
 }
 
-/// A runner pod as the manager's cache keeps it: its metadata, its status, and of its spec the node and scheduler
-/// names (which the scale set's blockage check reports). The rest of the spec is the runner's template again, and
-/// `Pod`'s spec alone is 1.4 KiB inline even when empty, so the watch reads pods into this type instead: the API
-/// server's answer is decoded into these fields and the rest is never allocated. Field names are `Pod`'s, so code
-/// reads either the same way.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct CachedPod {
-    /// The pod's metadata (labels and annotations but the job metadata dropped, see [`prune_cached_pod`]).
-    pub metadata: ObjectMeta,
-    /// What decisions read of the pod's spec.
-    #[serde(default)]
-    pub spec: Option<CachedPodSpec>,
-    /// The pod's status, whole.
-    #[serde(default)]
-    pub status: Option<PodStatus>,
-}
-
-/// What [`CachedPod`] keeps of a pod's spec.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CachedPodSpec {
-    /// The node the pod was bound to.
-    #[serde(default)]
-    pub node_name: Option<String>,
-    /// The scheduler the pod asked for.
-    #[serde(default)]
-    pub scheduler_name: Option<String>,
-}
-
-impl Resource for CachedPod {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Pod::kind(&())
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Pod::group(&())
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Pod::version(&())
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Pod::plural(&())
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl From<Pod> for CachedPod {
-    /// What the cache would keep of `pod`, for a pod read from the API server directly (and for tests).
-    fn from(pod: Pod) -> Self {
-        let mut cached = Self {
-            metadata: pod.metadata,
-            spec: pod.spec.map(|spec| CachedPodSpec {
-                node_name: spec.node_name,
-                scheduler_name: spec.scheduler_name,
-            }),
-            status: pod.status,
-        };
-        prune_cached_pod(&mut cached);
-        cached
-    }
-}
-
 /// Of a cached runner pod's labels and annotations, only the job metadata stays (the pod's other labels and
 /// annotations are its runner's).
 pub fn prune_cached_pod(pod: &mut CachedPod) {
@@ -145,8 +73,7 @@ mod tests {
     use super::*;
     use crds::EphemeralRunnerSpec;
     use crds::common::ResourceMeta;
-    use k8s_openapi::api::core::v1::{PodSpec, Volume};
-    use kube::api::ObjectMeta;
+    use k8s_openapi::api::core::v1::{Pod, Volume};
 
     fn runner(env: &[&str]) -> EphemeralRunner {
         let container = |name: &str, env: &[&str]| Container {
@@ -329,11 +256,11 @@ mod tests {
             let whole = full(labelled);
             // The watch decodes the API server's answer straight into the cached type; a pod read from the API
             // server directly is converted. Both keep the same.
-            let mut decoded: CachedPod =
+            let decoded: CachedPod =
                 serde_json::from_value(serde_json::to_value(&whole).unwrap()).unwrap();
-            prune_cached_pod(&mut decoded);
-            let cached = CachedPod::from(whole.clone());
-            assert_eq!(decoded, cached);
+            assert_eq!(decoded, CachedPod::from(whole.clone()));
+            let mut cached = decoded;
+            prune_cached_pod(&mut cached);
             assert_eq!(metadata.is_on(&cached), labelled);
             assert_eq!(cached.status, whole.status);
             assert_eq!(cached.metadata.uid, whole.metadata.uid);

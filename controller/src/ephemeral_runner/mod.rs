@@ -19,11 +19,12 @@ use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
-pub use cache::{CachedPod, CachedPodSpec, prune_cached_pod, prune_cached_runner};
+pub use cache::{prune_cached_pod, prune_cached_runner};
 pub use reconcile::{POD_DELETED_EVENT, POD_DELETED_REASON};
 
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
+use crate::pods::CachedPod;
 
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "ephemeralrunner";

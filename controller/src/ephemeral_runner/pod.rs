@@ -2,7 +2,6 @@
 //! (docs/reference/controllers.md, "JIT Secret"), the runner pod ("Runner pod") and the job labels and annotations
 //! put on the pod once a job is assigned (docs/reference/beyond-arc.md, item 15).
 
-use crate::ephemeral_runner::CachedPod;
 use std::collections::BTreeMap;
 
 use crds::EphemeralRunner;
@@ -17,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::hash::integrity_hash;
 use crate::labels::{merge_labels, sanitize_label_value};
+use crate::pods::CachedPod;
 use crate::proxy::{HTTP_PROXY_KEY, HTTPS_PROXY_KEY, NO_PROXY_KEY};
 
 /// JIT Secret key of the encoded JIT config.

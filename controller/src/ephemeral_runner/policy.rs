@@ -6,7 +6,6 @@
 //! failed for a reason of its own. Disruptions are the cluster's doing and are never counted: evictions,
 //! preemption, node loss, and the kubelet refusing the pod (`OutOfcpu`, `UnexpectedAdmissionError`, ...).
 
-use crate::ephemeral_runner::CachedPod;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::pods::CachedPod;
 use crate::pods::{conditions, is_ready};
 
 /// Exit code the runner uses when its version is deprecated (requested through the environment).

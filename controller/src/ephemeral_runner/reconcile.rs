@@ -20,7 +20,6 @@
 //! Status edits are typed merge patches of the changed fields only, under this controller's field manager: the
 //! listener writes the job fields of the same status, and a merge patch never touches fields it does not name.
 
-use crate::ephemeral_runner::CachedPod;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,6 +60,7 @@ use crate::kubeutil::{
 };
 use crate::metrics::{RunnerLabels, RunnerReasonLabels};
 use crate::options::{ER_FIELD_MANAGER, ER_JOB_METADATA_FIELD_MANAGER};
+use crate::pods::CachedPod;
 
 /// The runner's two finalizers: its children's cleanup and its deregistration.
 const RUNNER_FINALIZERS: [&str; 2] = [

@@ -12,7 +12,6 @@
 //!   for the grace period, and deregisters each before deleting it; a runner the service reports busy is kept.
 //! * Deleting the set deregisters and deletes idle runners first and waits for busy ones to finish.
 
-use crate::ephemeral_runner::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +48,7 @@ use crate::kubeutil::{
 };
 use crate::metrics::{RunnerLabels, ScaleSetLabels};
 use crate::options::ERS_FIELD_MANAGER;
+use crate::pods::CachedPod;
 
 /// Reconciles one EphemeralRunnerSet.
 #[tracing::instrument(skip(set, ctx), fields(set = %set.name_any(), namespace = set.namespace().unwrap_or_default()))]

@@ -2,7 +2,6 @@
 //! runners a scale-down may remove (docs/reference/controllers.md, "Counting runners", "The patch-ID protocol",
 //! "Scale down"; docs/reference/beyond-arc.md, item 8).
 
-use crate::ephemeral_runner::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::pods::CachedPod;
 use crate::pods::{is_waiting_for_node, ready_since};
 
 /// Where a runner stands, for counting.

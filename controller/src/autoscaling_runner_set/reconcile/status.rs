@@ -1,7 +1,6 @@
 //! The set's status: phase, counters and conditions (among them the runners that cannot start, from the manager's
 //! caches), written only when they changed, and the Events for condition changes that matter to users.
 
-use crate::ephemeral_runner::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use crate::autoscaling_runner_set::schedule_status;
 use crate::autoscaling_runner_set::served::LISTENER_PROGRESS_REASONS;
 use crate::error::Result;
 use crate::options::ARS_FIELD_MANAGER;
+use crate::pods::CachedPod;
 
 impl Step<'_> {
     /// The set's runner pods, from the manager's caches (runners being deleted left out).
