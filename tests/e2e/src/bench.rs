@@ -309,6 +309,17 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     let (latencies, unseen, lingering) = finish_to_gone(&world, &runners, started);
     report.finish_to_gone = latencies;
     report.teardown_stages = teardown_stages(&world, &runners);
+    if let Some(path) = std::env::var_os(TIMELINE_ENV) {
+        let csv = timeline_csv(
+            &world.simulator.pods(),
+            &runners.deletion_requested(),
+            &runners.deleted(),
+            started,
+        );
+        if let Err(error) = std::fs::write(&path, csv) {
+            eprintln!("e2e-bench: writing the timeline to {path:?} failed: {error}");
+        }
+    }
     report.peak_finished_not_gone = peak_overlap(&lingering, report.burst_to_settled_secs);
     report.problems.extend(unseen);
 
@@ -493,6 +504,55 @@ pub(crate) fn finish_to_gone(
         )
     });
     (Percentiles::of(samples), problem, lingering)
+}
+
+/// With this variable set to a path, the bench writes there, as CSV, when each runner's pod was first seen, its
+/// job finished, its exit was written, its EphemeralRunner's deletion was seen, and its pod and its
+/// EphemeralRunner were gone (seconds after the burst): to see whether slow teardowns come together.
+pub const TIMELINE_ENV: &str = "ARC_RS_BENCH_TIMELINE";
+
+/// The per-runner timeline of [`TIMELINE_ENV`], sorted by when each job finished; an empty field was not seen.
+pub(crate) fn timeline_csv(
+    pods: &[crate::simulator::PodRecord],
+    requested: &HashMap<String, Instant>,
+    deleted: &HashMap<String, Instant>,
+    started: Instant,
+) -> String {
+    let at = |instant: Option<Instant>| {
+        instant.map_or_else(String::new, |instant| {
+            format!(
+                "{:.3}",
+                instant.saturating_duration_since(started).as_secs_f64()
+            )
+        })
+    };
+    let mut rows: Vec<_> = pods
+        .iter()
+        .map(|pod| {
+            let key = pod
+                .job_finished_at
+                .map(|finished| finished.saturating_duration_since(started));
+            let row = [
+                pod.name.clone(),
+                at(pod.seen_at),
+                at(pod.job_finished_at),
+                at(pod.exited_at),
+                at(requested.get(&pod.name).copied()),
+                at(pod.deleted_at),
+                at(deleted.get(&pod.name).copied()),
+            ]
+            .join(",");
+            (key.is_none(), key, row)
+        })
+        .collect();
+    rows.sort();
+    let mut csv =
+        "runner,pod_seen,job_finished,exit_written,deletion_seen,pod_gone,runner_gone\n".to_owned();
+    for (_, _, row) in rows {
+        csv.push_str(&row);
+        csv.push('\n');
+    }
+    csv
 }
 
 /// A finished runner's teardown in three stages, each from the end of the one before; a runner counts in a stage
@@ -972,6 +1032,44 @@ enum Write {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_timeline_lists_each_runner_by_when_its_job_finished() {
+        let started = Instant::now();
+        let after = |ms: u64| Some(started + Duration::from_millis(ms));
+        let pod = |name: &str, finished: Option<Instant>| crate::simulator::PodRecord {
+            namespace: "ns".into(),
+            name: name.into(),
+            stage: crate::simulator::PodStage::Pending,
+            runner_id: None,
+            job: None,
+            seen_at: after(100),
+            job_finished_at: finished,
+            exited_at: finished.map(|at| at + Duration::from_millis(50)),
+            deleted_at: None,
+            created: None,
+            runner_env: BTreeMap::new(),
+        };
+        let pods = [
+            pod("idle", None),
+            pod("late", after(3000)),
+            pod("early", after(2000)),
+        ];
+        let requested =
+            HashMap::from([("early".to_owned(), started + Duration::from_millis(2500))]);
+        let deleted = HashMap::from([("early".to_owned(), started + Duration::from_millis(2600))]);
+        let csv = timeline_csv(&pods, &requested, &deleted, started);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "runner,pod_seen,job_finished,exit_written,deletion_seen,pod_gone,runner_gone",
+                "early,0.100,2.000,2.050,2.500,,2.600",
+                "late,0.100,3.000,3.050,,,",
+                "idle,0.100,,,,,",
+            ]
+        );
+    }
 
     #[test]
     fn percentiles_use_the_nearest_rank() {
