@@ -1,10 +1,8 @@
 //! Facts about a pod, read from its status alone: its conditions, readiness, whether it waits for a node, and
-//! what the listener container is doing; and [`CachedPod`], what the manager's cache keeps of a runner pod. Shared by the controllers, which draw their own conclusions.
-
-use std::borrow::Cow;
+//! what the listener container is doing; and [`CachedPod`], what the manager's cache keeps of a runner pod.
+//! Shared by the controllers, which draw their own conclusions.
 
 use crds::constants::LISTENER_CONTAINER_NAME;
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -16,7 +14,8 @@ use serde::Deserialize;
 /// `Pod`'s spec alone is 1.4 KiB inline even when empty, so the runner pod watch reads pods into this type: the API
 /// server's answer is decoded into these fields and the rest is never allocated. Field names are `Pod`'s, so code
 /// reads either the same way.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Resource)]
+#[resource(inherit = Pod)]
 pub struct CachedPod {
     /// The pod's metadata (the manager's cache drops its labels and annotations but the job metadata).
     pub metadata: ObjectMeta,
@@ -38,30 +37,6 @@ pub struct CachedPodSpec {
     /// The scheduler the pod asked for.
     #[serde(default)]
     pub scheduler_name: Option<String>,
-}
-
-impl Resource for CachedPod {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Pod::kind(&())
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Pod::group(&())
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Pod::version(&())
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Pod::plural(&())
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 }
 
 impl From<Pod> for CachedPod {

@@ -529,9 +529,6 @@ pub(crate) fn timeline_csv(
     let mut rows: Vec<_> = pods
         .iter()
         .map(|pod| {
-            let key = pod
-                .job_finished_at
-                .map(|finished| finished.saturating_duration_since(started));
             let row = [
                 pod.name.clone(),
                 at(pod.seen_at),
@@ -542,7 +539,7 @@ pub(crate) fn timeline_csv(
                 at(deleted.get(&pod.name).copied()),
             ]
             .join(",");
-            (key.is_none(), key, row)
+            (pod.job_finished_at.is_none(), pod.job_finished_at, row)
         })
         .collect();
     rows.sort();
