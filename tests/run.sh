@@ -11,6 +11,12 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+if [ "${CI:-}" = true ]; then
+  # CI builds once, in a fresh clone: incremental compilation's caches (several GB for this workspace) would only
+  # be written, never read.
+  export CARGO_INCREMENTAL=0
+fi
+
 step "control-plane binaries (tests/env/provision.sh)"
 KUBEBUILDER_ASSETS="$(tests/env/provision.sh | tail -n 1)"
 export KUBEBUILDER_ASSETS
