@@ -15,6 +15,7 @@ use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
 use crate::actions::ActionsClients;
+use crate::ephemeral_runner_set::completions::Completions;
 use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::pods::CachedPod;
@@ -78,6 +79,9 @@ pub struct Context {
     pub expectations: Arc<Expectations>,
     /// Per-runner memory that need not survive a restart (shared with the watch, which clears it on deletions).
     pub runner_memory: Arc<RunnerMemory>,
+    /// Runners that left with a job, per EphemeralRunnerSet, until the listener's target leaves their jobs out
+    /// (fed by the runner watch).
+    pub completions: Arc<Completions>,
 }
 
 /// How a failed reconcile is requeued.
@@ -171,7 +175,7 @@ impl Context {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

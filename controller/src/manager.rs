@@ -33,6 +33,7 @@ use crate::actions::ActionsClients;
 use crate::autoscaling_listener::ListenerContext;
 use crate::autoscaling_runner_set::RunnerSetContext;
 use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
+use crate::ephemeral_runner_set::completions::{Completions, leaving_with_job, owner_set_key};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
@@ -181,7 +182,17 @@ impl Manager {
         let (deleted_expectations, deleted_memory) =
             (Arc::clone(&expectations), Arc::clone(&runner_memory));
         let applied_memory = Arc::clone(&runner_memory);
-        runner_fanout.observe(move |runner: &EphemeralRunner| applied_memory.seen(runner));
+        let completions = Arc::new(Completions::default());
+        let (applied_completions, deleted_completions) =
+            (Arc::clone(&completions), Arc::clone(&completions));
+        runner_fanout.observe(move |runner: &EphemeralRunner| {
+            applied_memory.seen(runner);
+            if leaving_with_job(runner, false)
+                && let Some(key) = owner_set_key(runner)
+            {
+                applied_completions.left(&key, &runner.name_any());
+            }
+        });
         let (pod_deleted_tx, pod_deleted_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunner>>();
 
         let watches = [
@@ -206,6 +217,9 @@ impl Manager {
                             owner.namespace.as_deref().unwrap_or_default(),
                             owner.name
                         );
+                        if leaving_with_job(runner, true) {
+                            deleted_completions.left(&key, &runner.name_any());
+                        }
                         deleted_expectations.gone(&key, &runner.name_any());
                         let _ = runner_deleted_tx.unbounded_send(owner);
                     }
@@ -279,6 +293,7 @@ impl Manager {
             ),
             expectations,
             runner_memory,
+            completions,
             metrics: Arc::clone(&self.metrics),
             client: self.client.clone(),
             options: self.options.clone(),

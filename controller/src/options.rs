@@ -68,7 +68,15 @@ pub struct Options {
     /// A runner pod `Pending` this long with no reported cause counts as unable to start
     /// ([`PENDING_TOO_LONG`]; tests shorten it).
     pub pending_pod_limit: Duration,
+    /// How long at most a set keeps counting a runner that left with a job, waiting for the listener to list it
+    /// as completed ([`COMPLETION_HOLD`]; tests shorten it).
+    pub completion_hold: Duration,
 }
+
+/// The default of [`Options::completion_hold`]. The listener lists a completed runner in the patch that follows
+/// the job's completion message, within a second even when it joins patches; a hold ten times as long only
+/// matters when the listing never comes (a listener restarted between the two), and then delays one runner.
+pub const COMPLETION_HOLD: Duration = Duration::from_secs(10);
 
 /// Field manager of the AutoscalingRunnerSet controller's server-side applies (status).
 pub const ARS_FIELD_MANAGER: &str = "arc-rs/autoscalingrunnerset";
@@ -164,6 +172,7 @@ impl Default for Options {
             configuration_error_backoff: Duration::from_secs(60),
             vault: vault::Options::from_env(),
             pending_pod_limit: PENDING_TOO_LONG,
+            completion_hold: COMPLETION_HOLD,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{Env, registered_runners};
 use crds::EphemeralRunner;
+use crds::constants::{APPLIED_GENERATION_ANNOTATION, COMPLETED_RUNNERS_ANNOTATION};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -641,5 +642,123 @@ async fn a_first_attempt_learns_of_a_leftover_secret_and_replaces_it() {
         let status = runners.get(name).await.unwrap().status.unwrap_or_default();
         assert_eq!(status.runner_id, registered[0], "{name}");
     }
+    manager.stop().await;
+}
+
+/// Brings a set to two registered runners with pods running, lets the first finish a job (with the listener's job
+/// fields when `reported`, then its pod exits 0) and waits until it is gone. Returns the finished runner's name.
+async fn one_of_two_runners_finishes_a_job(env: &Env, reported: bool) -> String {
+    env.create_set("arc", 2, 1).await;
+    let runners = env
+        .eventually("two registered runners", || async {
+            let runners = env.runners().await;
+            (runners.len() == 2 && registered_runners(&runners) == 2).then_some(runners)
+        })
+        .await;
+    for runner in &runners {
+        env.run_pod(&runner.name_any()).await;
+    }
+    let finished = runners[0].name_any();
+    if reported {
+        env.report_job(&finished, "job-1").await;
+    }
+    env.end_pod(&finished, "Succeeded", Some(0), None).await;
+    env.eventually("the finished runner gone", || async {
+        env.runners_api()
+            .get_opt(&finished)
+            .await
+            .expect("get")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    finished
+}
+
+/// The listener's patch: `replicas`, `patchID` and the runners whose finished jobs the target leaves out.
+async fn listener_patch(env: &Env, replicas: i64, patch_id: i64, completed: Option<&str>) {
+    env.sets()
+        .patch(
+            "arc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": { "annotations": { COMPLETED_RUNNERS_ANNOTATION: completed } },
+                "spec": { "replicas": replicas, "patchID": patch_id },
+            })),
+        )
+        .await
+        .expect("patch the set");
+}
+
+/// Waits until the set has recorded its current generation as acted upon.
+async fn wait_applied(env: &Env) {
+    env.eventually("the set acts on its current generation", || async {
+        let set = env.sets().get("arc").await.expect("get the set");
+        let applied = set
+            .annotations()
+            .get(APPLIED_GENERATION_ANNOTATION)
+            .cloned();
+        (applied == set.metadata.generation.map(|g| g.to_string())).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_target_that_still_counts_a_finished_job_makes_no_spare_runner() {
+    let env = Env::new("ers-completed").await;
+    let mut options = env.options();
+    // Longer than the test: only the listener's listing may release the finished runner's place.
+    options.completion_hold = Duration::from_secs(300);
+    let manager = env.start(options);
+    let finished = one_of_two_runners_finishes_a_job(&env, true).await;
+
+    // A patch computed before the job's completion reached the listener: it still counts the job.
+    listener_patch(&env, 2, 2, None).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let runners = env.runners().await;
+    assert_eq!(
+        runners.len(),
+        1,
+        "no spare runner for a job that is over: {:?}",
+        runners
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>()
+    );
+    // The listener's next patch leaves the job out and lists the runner: acted upon, nothing created.
+    listener_patch(&env, 1, 3, Some(&finished)).await;
+    wait_applied(&env).await;
+    assert_eq!(env.runners().await.len(), 1);
+    // A new job: the listed runner's place is free, so the set makes one runner for it.
+    listener_patch(&env, 2, 4, Some(&finished)).await;
+    wait_applied(&env).await;
+    env.eventually("a runner for the new job", || async {
+        (env.runners().await.len() == 2).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_finished_runner_the_listener_never_lists_is_replaced_after_the_hold() {
+    let env = Env::new("ers-hold").await;
+    let mut options = env.options();
+    let hold = Duration::from_secs(10);
+    options.completion_hold = hold;
+    let manager = env.start(options);
+    // A job shorter than the listener's write of its fields: the runner's own end (its pod succeeded) is what
+    // holds its place.
+    one_of_two_runners_finishes_a_job(&env, false).await;
+
+    // The target counts the job, and no listing ever comes (say, a listener restarted before it heard of the
+    // completion): the place is kept for the hold, then filled, and the patch is recorded as acted upon.
+    listener_patch(&env, 2, 2, None).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.runners().await.len(), 1, "the place is held");
+    env.eventually("a second runner once the hold is over", || async {
+        (env.runners().await.len() == 2).then_some(())
+    })
+    .await;
+    wait_applied(&env).await;
     manager.stop().await;
 }

@@ -39,6 +39,21 @@ pub const RUNNER_GROUP_NAME_ANNOTATION: &str = "actions.github.com/runner-group-
 pub const INTEGRITY_HASH_ANNOTATION: &str = "actions.github.com/integrity-hash";
 /// The ERS `spec.patchID` at the moment an ER was created.
 pub const PATCH_ID_ANNOTATION: &str = "actions.github.com/patch-id";
+/// Not in ARC. On an ERS: the `metadata.generation` whose positive patch id the set acted upon.
+///
+/// A patch id only means something within one listener's life: a new listener counts from the start again. ARC
+/// infers "this patch was acted upon" from the patch ids on the runners, so a new listener's patch whose id equals
+/// one an earlier listener used is ignored, and a controller stopped half-way through a scale-up never finishes
+/// it. The API server gives every change of the spec a new generation, so recording the generation acted upon
+/// says exactly which version of the request was served, whoever wrote it. The listener reads it back, as the
+/// acknowledgement of [`COMPLETED_RUNNERS_ANNOTATION`].
+pub const APPLIED_GENERATION_ANNOTATION: &str = "actions.github.com/applied-generation";
+/// Not in ARC. On an ERS, written by the listener with every scaling patch: the names (comma-separated) of the
+/// runners whose finished jobs the patch's `replicas` no longer counts. The set keeps counting a runner that left
+/// with a job until its name is listed (or a while has passed), so a target computed before the job's completion
+/// reached the listener does not make the set replace a runner whose job is over. The listener lists a name until
+/// the set records, in [`APPLIED_GENERATION_ANNOTATION`], a generation that carried it.
+pub const COMPLETED_RUNNERS_ANNOTATION: &str = "actions.github.com/completed-runners";
 /// Set by Helm on the ARS: RoleBinding whose cleanup-protection finalizer is removed at ARS deletion.
 pub const CLEANUP_MANAGER_ROLE_BINDING_ANNOTATION: &str =
     "actions.github.com/cleanup-manager-role-binding";

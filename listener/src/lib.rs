@@ -14,6 +14,7 @@
 
 pub mod app;
 pub mod backoff;
+pub mod completions;
 pub mod config;
 pub mod error;
 pub mod health;

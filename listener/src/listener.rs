@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
+use crate::completions::Completions;
 use crate::error::{Error, Result, Severity};
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -174,6 +175,9 @@ pub struct MessageLoop<T> {
     last_decision: Option<crate::scaling::Decision>,
     /// When a deferred scaling patch is due ([`crate::scaling::may_defer`]); `None` when none is waiting.
     flush_at: Option<tokio::time::Instant>,
+    /// Runners whose finished jobs the target leaves out, listed in every patch until the set has acted on one
+    /// that carried them (not in ARC).
+    completions: Completions,
 }
 
 impl<T: RunnerSetTarget> MessageLoop<T> {
@@ -217,6 +221,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             wake_at: None,
             last_decision: None,
             flush_at: None,
+            completions: Completions::default(),
         })
     }
 
@@ -461,6 +466,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             }
             tracing::info!(runner_name = %job.runner_name, result = %job.result, request_id = job.job.runner_request_id, "job completed");
             self.scaler.mark_dirty();
+            self.completions.record(&job.runner_name);
         }
         // Scale before the runners' job fields are written (ARC writes them first): the statistics describe the
         // moment the message was fetched, and every second spent on status patches lets more of the jobs they
@@ -610,7 +616,8 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         }
         // This patch carries the latest demand: whatever waited to be joined is in it.
         self.flush_at = None;
-        let patch = runner_set_patch(decision);
+        let mut patch = runner_set_patch(decision);
+        self.completions.annotate(&mut patch);
         tracing::info!(
             assigned_jobs,
             target = decision.target,
@@ -626,9 +633,11 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         })
         .await;
         match result {
-            Ok(replicas) => {
+            Ok(patched) => {
                 self.rescale_pending = false;
-                tracing::info!(replicas, patch = %patch, "EphemeralRunnerSet patched");
+                self.completions
+                    .patched(patched.generation, patched.applied_generation);
+                tracing::info!(replicas = patched.replicas, patch = %patch, "EphemeralRunnerSet patched");
                 Ok(decision.target)
             }
             Err(error) => {

@@ -1,9 +1,10 @@
-//! What the listener writes to Kubernetes: the EphemeralRunnerSet's `replicas`/`patchID` and an
-//! EphemeralRunner's job fields. Only these two merge patches are ever sent (the listener's RBAC allows nothing
+//! What the listener writes to Kubernetes: the EphemeralRunnerSet's `replicas`/`patchID` (with the runners whose
+//! finished jobs the target leaves out, [`crds::constants::COMPLETED_RUNNERS_ANNOTATION`]) and an EphemeralRunner's job fields. Only these two merge patches are ever sent (the listener's RBAC allows nothing
 //! else).
 
 use std::future::Future;
 
+use crds::constants::APPLIED_GENERATION_ANNOTATION;
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -23,10 +24,41 @@ pub enum RunnerPatched {
     NotFound,
 }
 
+/// What a patch of the EphemeralRunnerSet left on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunnerSetPatched {
+    /// `spec.replicas`.
+    pub replicas: i64,
+    /// `metadata.generation`, the generation of the patched spec.
+    pub generation: Option<i64>,
+    /// The generation whose scaling step the set's controller recorded as done
+    /// ([`APPLIED_GENERATION_ANNOTATION`]); `None` when it records none.
+    pub applied_generation: Option<i64>,
+}
+
+impl RunnerSetPatched {
+    /// What `set` says.
+    pub fn of(set: &EphemeralRunnerSet) -> Self {
+        Self {
+            replicas: set.spec.replicas,
+            generation: set.metadata.generation,
+            applied_generation: set
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(APPLIED_GENERATION_ANNOTATION))
+                .and_then(|value| value.parse().ok()),
+        }
+    }
+}
+
 /// The Kubernetes side of the listener; a seam so the loop can be tested without an API server.
 pub trait RunnerSetTarget: Send + Sync {
-    /// Merge-patches the EphemeralRunnerSet; returns its `spec.replicas` afterwards.
-    fn patch_runner_set(&self, patch: &Value) -> impl Future<Output = Result<i64>> + Send;
+    /// Merge-patches the EphemeralRunnerSet; returns what the API server answered.
+    fn patch_runner_set(
+        &self,
+        patch: &Value,
+    ) -> impl Future<Output = Result<RunnerSetPatched>> + Send;
 
     /// Merge-patches the status of EphemeralRunner `name`.
     fn patch_runner_status(
@@ -65,7 +97,7 @@ impl KubeTarget {
 }
 
 impl RunnerSetTarget for KubeTarget {
-    async fn patch_runner_set(&self, patch: &Value) -> Result<i64> {
+    async fn patch_runner_set(&self, patch: &Value) -> Result<RunnerSetPatched> {
         let patched = self
             .runner_sets
             .patch(&self.name, &Self::params(), &Patch::Merge(patch))
@@ -75,7 +107,7 @@ impl RunnerSetTarget for KubeTarget {
                 name: self.name.clone(),
                 source,
             })?;
-        Ok(patched.spec.replicas)
+        Ok(RunnerSetPatched::of(&patched))
     }
 
     async fn patch_runner_status(&self, name: &str, patch: &Value) -> Result<RunnerPatched> {

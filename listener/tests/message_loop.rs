@@ -11,6 +11,7 @@ use common::{
     RecordingTarget, create_scale_set, eventually, fake_config, fast_settings, online_runner,
     scale_set,
 };
+use crds::constants::COMPLETED_RUNNERS_ANNOTATION;
 use fake_actions_service::{
     DropSessions, EnqueueJobs, ErrorFault, ExpireTokens, FakeActionsService, Faults, TokenKind,
 };
@@ -268,6 +269,86 @@ async fn a_started_job_is_scaled_for_before_its_runner_is_patched() {
     assert!(
         set_patches_first > set_patches_before,
         "the JobStarted message's ERS patch must precede the runner's status patch: {calls:?}"
+    );
+    running.stop().await;
+}
+
+/// What a patch of the EphemeralRunnerSet says about the completed runners: `None` when it leaves the annotation
+/// alone, `Some("")` when it removes it, else the names.
+fn listing(patch: &serde_json::Value) -> Option<String> {
+    match patch["metadata"]["annotations"].get(COMPLETED_RUNNERS_ANNOTATION)? {
+        serde_json::Value::String(names) => Some(names.clone()),
+        _ => Some(String::new()),
+    }
+}
+
+#[tokio::test]
+async fn completed_runners_are_listed_until_the_set_has_acted_on_a_patch_listing_them() {
+    let running = Running::start(0, 5).await;
+    let jobs = running
+        .assign_to_online_runners(&["runner-a", "runner-b"])
+        .await;
+    for job in &jobs {
+        running.fake.state().start_job(*job).expect("start");
+    }
+    assert!(
+        running
+            .target
+            .set_patches()
+            .iter()
+            .all(|p| listing(p).is_none()),
+        "ARC's patch, unchanged, while no job has completed"
+    );
+    running
+        .fake
+        .state()
+        .finish_job(jobs[0], "succeeded")
+        .expect("finish");
+    running.wait_replicas(1, "one job done").await;
+    let lists = |names: &str| {
+        let names = names.to_owned();
+        move |patch: &serde_json::Value| listing(patch).as_deref() == Some(names.as_str())
+    };
+    assert!(
+        running.target.set_patches().iter().any(lists("runner-a")),
+        "the patch after the completion lists its runner: {:?}",
+        running.target.set_patches()
+    );
+    // Without an acknowledgement the name stays in every patch.
+    running
+        .fake
+        .state()
+        .finish_job(jobs[1], "succeeded")
+        .expect("finish");
+    running.wait_replicas(0, "both jobs done").await;
+    assert!(
+        running
+            .target
+            .set_patches()
+            .iter()
+            .any(lists("runner-a,runner-b")),
+        "{:?}",
+        running.target.set_patches()
+    );
+    // The set's controller acts on the latest patch (records its generation): the listener learns it from the
+    // next patch's answer, and the patch after that lists nothing and removes the annotation, once.
+    running
+        .target
+        .with(|r| r.applied_generation = Some(r.generation));
+    let before = running.target.set_patches().len();
+    running.enqueue(1);
+    let removed = eventually(WAIT, || {
+        running.target.set_patches()[before..].iter().any(lists(""))
+    })
+    .await;
+    let patches = running.target.set_patches();
+    assert!(removed, "the listing is removed: {patches:?}");
+    let first_removal = patches.iter().position(lists("")).unwrap_or_default();
+    assert!(
+        patches[first_removal + 1..]
+            .iter()
+            .all(|p| listing(p).is_none()),
+        "then left alone: {patches:?}"
     );
     running.stop().await;
 }

@@ -52,6 +52,7 @@ use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
 };
 use crate::context::Context;
+use crate::ephemeral_runner_set::completions::owner_set_key;
 use crate::error::{Error, Result, is_status};
 use crate::hash::runner_spec_hash;
 use crate::kubeutil::{
@@ -106,6 +107,11 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
     // A runner whose pod succeeded is deleted and finalized in this pass, rather than on the deletion's watch
     // event, which would only bring it back here.
     let delete = runner.meta().deletion_timestamp.is_none();
+    if delete && let Some(set) = owner_set_key(&runner) {
+        // It ran its job: its set keeps its place until the listener's target leaves the job out, also when the
+        // listener's record of the job never reached the runner (a job shorter than that write).
+        ctx.completions.left(&set, &step.name);
+    }
     step.finalize(delete).await
 }
 

@@ -5,6 +5,7 @@
 //! Wiring: primary sets from the manager's shared set watch; owned runners from the shared runner watch; runner
 //! deletions (which shared watches do not forward) through `reconcile_on`.
 
+pub mod completions;
 mod reconcile;
 pub mod runner;
 pub mod scale;

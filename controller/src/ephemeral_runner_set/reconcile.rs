@@ -12,6 +12,8 @@
 //!   for the grace period, and deregisters each before deleting it; a runner the service reports busy is kept.
 //! * Deleting the set deregisters and deletes idle runners first and waits for busy ones to finish.
 
+use std::cell::OnceCell;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,10 +35,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use super::completions::listing;
 use super::runner::{desired_runner, scale_set_identity};
 use super::scale::{
-    APPLIED_GENERATION_ANNOTATION, Census, ScalePlan, already_applied, plan, removal_candidates,
-    stale_runners,
+    APPLIED_GENERATION_ANNOTATION, Census, ScalePlan, already_applied, places_held, plan,
+    removal_candidates, stale_runners,
 };
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::context::Context;
@@ -293,16 +296,51 @@ impl<'a> SetStep<'a> {
             self.set.annotations().get(APPLIED_GENERATION_ANNOTATION),
             census,
         );
-        let decision = plan(self.set.spec.replicas, patch_id, applied, census);
+        // The listing is recorded on every pass, acted upon or not: a runner listed now may leave later.
+        let listed = listing(self.set.annotations());
+        // Built only when the set has a ledger to prune.
+        let present = OnceCell::new();
+        let (held, released_in) = self.ctx.completions.held(
+            &self.key,
+            &listed,
+            |name| {
+                present
+                    .get_or_init(|| census.names().collect::<HashSet<String>>())
+                    .contains(name)
+            },
+            self.ctx.options.completion_hold,
+        );
+        let replicas = self.set.spec.replicas;
+        let decision = plan(replicas, patch_id, applied, census, held);
+        let held_back = if applied {
+            0
+        } else {
+            places_held(replicas, census, held)
+        };
         let result = match decision {
             ScalePlan::AlreadyApplied => return Ok(None),
             ScalePlan::Hold => Ok(None),
             ScalePlan::Create(count) => self.create_runners(count).await.map(|()| None),
             ScalePlan::Remove(count) => self.remove_idle(census, count).await,
         };
-        if result.is_ok() && patch_id > 0 {
+        if held_back > 0 {
+            tracing::info!(
+                held = held_back,
+                "keeping places of runners that left with a job until the listener lists them"
+            );
+        }
+        // A request served only in part (places held) is served again when they are released: by a patch listing
+        // them, or by the clock.
+        if result.is_ok() && patch_id > 0 && held_back == 0 {
             self.record_applied_generation().await?;
         }
+        let result = result.map(|early| {
+            if held_back > 0 {
+                early.into_iter().chain(released_in).min()
+            } else {
+                early
+            }
+        });
         // Finished runners go whenever a scaling step ran; failures here are only logged, as in ARC.
         for runner in &census.finished {
             if let Err(error) =

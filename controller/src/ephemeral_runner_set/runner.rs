@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crds::constants::{
-    COMPONENT_LABEL, COMPONENT_RUNNER, EPHEMERAL_RUNNER_FINALIZER,
+    COMPLETED_RUNNERS_ANNOTATION, COMPONENT_LABEL, COMPONENT_RUNNER, EPHEMERAL_RUNNER_FINALIZER,
     EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION,
     SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
@@ -41,6 +41,7 @@ pub fn desired_runner(
     annotations.remove(LAST_APPLIED_ANNOTATION);
     annotations.remove(super::scale::APPLIED_GENERATION_ANNOTATION);
     annotations.remove(super::scale::LEGACY_APPLIED_PATCH_ID_ANNOTATION);
+    annotations.remove(COMPLETED_RUNNERS_ANNOTATION);
     annotations.insert(
         INTEGRITY_HASH_ANNOTATION.to_owned(),
         template_hash.to_owned(),
@@ -138,6 +139,7 @@ mod tests {
                     "default".into(),
                 ),
                 (LAST_APPLIED_ANNOTATION.into(), "{...}".into()),
+                (COMPLETED_RUNNERS_ANNOTATION.into(), "arc-runner-a".into()),
             ]
             .into(),
         );
@@ -178,6 +180,10 @@ mod tests {
         assert_eq!(annotations[PATCH_ID_ANNOTATION], "7");
         assert_eq!(annotations["note"], "n");
         assert!(!annotations.contains_key(LAST_APPLIED_ANNOTATION));
+        assert!(
+            !annotations.contains_key(COMPLETED_RUNNERS_ANNOTATION),
+            "the listener's listing is the set's own"
+        );
         assert_eq!(
             annotations[INTEGRITY_HASH_ANNOTATION], "h1",
             "the runner records the template it was made from"

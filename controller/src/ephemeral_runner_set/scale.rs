@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crds::constants::APPLIED_GENERATION_ANNOTATION;
 use crds::constants::{INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, phase};
 use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
 use k8s_openapi::jiff::Timestamp;
@@ -87,6 +88,21 @@ impl Census {
         census
     }
 
+    /// The names of all its runners, those being deleted included.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        [
+            &self.pending,
+            &self.running,
+            &self.failed,
+            &self.finished,
+            &self.outdated,
+            &self.deleting,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|runner| runner.name_any())
+    }
+
     /// Runners that hold a place in the set: pending + running + failed.
     pub fn total(&self) -> usize {
         self.pending.len() + self.running.len() + self.failed.len()
@@ -125,14 +141,6 @@ pub enum ScalePlan {
     Hold,
 }
 
-/// Annotation on an EphemeralRunnerSet: the `metadata.generation` whose positive patch id was acted upon.
-///
-/// A patch id only means something within one listener's life: a new listener counts from the start again. ARC
-/// infers "this patch was acted upon" from the patch ids on the runners, so a new listener's patch whose id equals
-/// one an earlier listener used is ignored, and a controller stopped half-way through a scale-up never finishes
-/// it. The API server gives every change of the spec a new generation, so recording the generation acted upon
-/// says exactly which version of the request was served, whoever wrote it.
-pub const APPLIED_GENERATION_ANNOTATION: &str = "actions.github.com/applied-generation";
 /// The annotation an earlier version of this controller recorded patch ids in; stripped from new runners.
 pub const LEGACY_APPLIED_PATCH_ID_ANNOTATION: &str = "actions.github.com/applied-patch-id";
 
@@ -155,20 +163,35 @@ pub fn already_applied(
 }
 
 /// The patch-ID protocol (docs/reference/controllers.md, "The patch-ID protocol"): `patch_id` 0 is
-/// authoritative (scale both ways); a positive one only scales up, once (see [`already_applied`]).
-pub fn plan(replicas: i64, patch_id: i64, applied: bool, census: &Census) -> ScalePlan {
+/// authoritative (scale both ways); a positive one only scales up, once (see [`already_applied`]). `held` places
+/// are kept for runners that left with a job the target may still count ([`super::completions`]): they are not
+/// filled, and never make a scale-down remove more.
+pub fn plan(
+    replicas: i64,
+    patch_id: i64,
+    applied: bool,
+    census: &Census,
+    held: usize,
+) -> ScalePlan {
     if applied {
         return ScalePlan::AlreadyApplied;
     }
     let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
     let total = census.total();
-    if total < replicas {
-        ScalePlan::Create(replicas - total)
+    if total.saturating_add(held) < replicas {
+        ScalePlan::Create(replicas - total - held)
     } else if patch_id == 0 && total > replicas {
         ScalePlan::Remove(total - replicas)
     } else {
         ScalePlan::Hold
     }
+}
+
+/// How many of the places `replicas` asks for are kept by `held` runners that left with a job rather than filled.
+/// While any are, the patch is not recorded as acted upon, so it is served again once they are released.
+pub fn places_held(replicas: i64, census: &Census, held: usize) -> usize {
+    let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
+    held.min(replicas.saturating_sub(census.total()))
 }
 
 /// Runners made from another template than the set's current one (`hash`, compared with each runner's
@@ -368,12 +391,19 @@ mod tests {
         // Not recorded (adopted from ARC): ARC's rule.
         assert!(already_applied(4, Some(7), None, &census));
         assert!(!already_applied(5, Some(7), None, &census));
-        assert_eq!(plan(3, 4, true, &census), ScalePlan::AlreadyApplied);
-        assert_eq!(plan(3, 5, false, &census), ScalePlan::Create(2));
-        assert_eq!(plan(0, 5, false, &census), ScalePlan::Hold);
-        assert_eq!(plan(0, 0, false, &census), ScalePlan::Remove(1));
-        assert_eq!(plan(1, 0, false, &census), ScalePlan::Hold);
-        assert_eq!(plan(-3, 0, false, &census), ScalePlan::Remove(1));
+        assert_eq!(plan(3, 4, true, &census, 0), ScalePlan::AlreadyApplied);
+        assert_eq!(plan(3, 5, false, &census, 0), ScalePlan::Create(2));
+        assert_eq!(plan(0, 5, false, &census, 0), ScalePlan::Hold);
+        assert_eq!(plan(0, 0, false, &census, 0), ScalePlan::Remove(1));
+        assert_eq!(plan(1, 0, false, &census, 0), ScalePlan::Hold);
+        assert_eq!(plan(-3, 0, false, &census, 0), ScalePlan::Remove(1));
+        // Places held for runners that left with a job are not filled, and never make a scale-down remove more.
+        assert_eq!(plan(3, 5, false, &census, 1), ScalePlan::Create(1));
+        assert_eq!(places_held(3, &census, 1), 1);
+        assert_eq!(plan(3, 5, false, &census, 4), ScalePlan::Hold);
+        assert_eq!(places_held(3, &census, 4), 2);
+        assert_eq!(plan(0, 0, false, &census, 3), ScalePlan::Remove(1));
+        assert_eq!(places_held(0, &census, 3), 0);
         // Patch 0 is never "already applied", even when a runner carries patch id 0.
         let zero = Census::of([runner("a", "Running", 1, 1, false, Some(0))]);
         assert!(!already_applied(0, Some(3), None, &zero));
@@ -455,6 +485,7 @@ mod tests {
             replicas in -2i64..40,
             patch_id in 0i64..5,
             ready_at in 0i64..200,
+            held in 0usize..5,
         ) {
             let runners: Vec<_> = runners
                 .into_iter()
@@ -462,12 +493,20 @@ mod tests {
                 .map(|(i, (phase, created, id, job, patch))| runner(&format!("r{i}"), &phase, created, id, job, patch))
                 .collect();
             let census = Census::of(runners);
-            let plan = plan(replicas, patch_id, already_applied(patch_id, None, None, &census), &census);
+            let applied = already_applied(patch_id, None, None, &census);
+            let plan = plan(replicas, patch_id, applied, &census, held);
             if patch_id > 0 {
                 prop_assert!(!matches!(plan, ScalePlan::Remove(_)));
             }
             if let ScalePlan::Create(n) = plan {
-                prop_assert_eq!(census.total() + n, usize::try_from(replicas).unwrap());
+                // Every place asked for is filled or held.
+                prop_assert_eq!(
+                    census.total() + n + places_held(replicas, &census, held),
+                    usize::try_from(replicas).unwrap()
+                );
+            }
+            if let ScalePlan::Remove(n) = plan {
+                prop_assert_eq!(census.total() - n, usize::try_from(replicas.max(0)).unwrap(), "held places remove nothing");
             }
             let now = Timestamp::from_second(150).unwrap();
             let (candidates, _) = removal_candidates(&census, |_| Some(ready_pod(ready_at)), Duration::from_secs(30), now);

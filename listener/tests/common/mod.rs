@@ -12,7 +12,7 @@ use actions_client::{
     RunnerScaleSet, SecretString, Timeouts,
 };
 use fake_actions_service::{FakeActionsService, RunnerSelector};
-use listener::target::{RunnerPatched, RunnerSetTarget};
+use listener::target::{RunnerPatched, RunnerSetPatched, RunnerSetTarget};
 use listener::{Error, ScaleSet, Settings};
 use serde_json::Value;
 
@@ -193,6 +193,10 @@ pub struct Recorded {
     pub replicas: i64,
     /// Every successful patch in order: `set` for the EphemeralRunnerSet, `runner:NAME` for a runner's status.
     pub calls: Vec<String>,
+    /// The set's `metadata.generation`: one more with every patch.
+    pub generation: i64,
+    /// The generation the set's controller recorded as acted upon (`None`: it records none, as ARC's).
+    pub applied_generation: Option<i64>,
 }
 
 /// A [`RunnerSetTarget`] that applies merge patches to an in-memory replica count.
@@ -232,7 +236,7 @@ impl RecordingTarget {
 }
 
 impl RunnerSetTarget for RecordingTarget {
-    async fn patch_runner_set(&self, patch: &Value) -> Result<i64, Error> {
+    async fn patch_runner_set(&self, patch: &Value) -> Result<RunnerSetPatched, Error> {
         self.with(|r| {
             if r.fail_set_patches > 0 {
                 r.fail_set_patches -= 1;
@@ -249,7 +253,14 @@ impl RunnerSetTarget for RecordingTarget {
                 Value::Number(n) => r.replicas = n.as_i64().unwrap_or_default(),
                 _ => {}
             }
-            Ok(r.replicas)
+            // Every patch changes the spec (a new patch id), so it makes a new generation; the test says which
+            // generation the set's controller has acted upon.
+            r.generation += 1;
+            Ok(RunnerSetPatched {
+                replicas: r.replicas,
+                generation: Some(r.generation),
+                applied_generation: r.applied_generation,
+            })
         })
     }
 

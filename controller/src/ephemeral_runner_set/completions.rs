@@ -1,0 +1,308 @@
+//! Runners that left with a job, counted until the listener's target leaves their jobs out
+//! (docs/reference/controllers.md, "Finished runners and the target"; not in ARC).
+//!
+//! A target is computed from statistics fetched at one moment. A runner whose job completes after that moment can
+//! finish and leave before the patch lands; counting only the runners still there, the set would make a spare
+//! runner for a job that is over. So a runner that leaves with a job keeps its place until the listener lists it
+//! in [`COMPLETED_RUNNERS_ANNOTATION`], which it does in every patch computed after the job's completion reached
+//! it. A listing can be missed (the listener restarted and never heard of the completion; the job ended before the
+//! listener recorded it on the runner), so a place is kept at most [`Options::completion_hold`]: a spare is waste,
+//! a job without a runner is worse, and the hold only ever delays a creation by that long.
+//!
+//! [`COMPLETED_RUNNERS_ANNOTATION`]: crds::constants::COMPLETED_RUNNERS_ANNOTATION
+//! [`Options::completion_hold`]: crate::options::Options::completion_hold
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crds::constants::COMPLETED_RUNNERS_ANNOTATION;
+use crds::{EphemeralRunner, EphemeralRunnerSet};
+use kube::{Resource, ResourceExt};
+
+use crate::context::lock;
+
+/// What a set knows about one runner's finished job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// The listener listed it; the runner has not left yet.
+    Listed,
+    /// It left with a job the target may still count: its place is kept, since this instant.
+    Held(Instant),
+    /// Both: its place is no longer kept.
+    Settled,
+}
+
+/// One set's runners that left with a job, and the listener's listing.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Ledger {
+    runners: HashMap<String, Known>,
+}
+
+impl Ledger {
+    /// The set's current listing names these runners.
+    pub fn listed<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            let known = self.runners.entry(name.to_owned()).or_insert(Known::Listed);
+            if matches!(known, Known::Held(_)) {
+                *known = Known::Settled;
+            }
+        }
+    }
+
+    /// Runner `name` left with a job (being deleted, or gone) at `now`.
+    pub fn left(&mut self, name: &str, now: Instant) {
+        let known = self
+            .runners
+            .entry(name.to_owned())
+            .or_insert(Known::Held(now));
+        if *known == Known::Listed {
+            *known = Known::Settled;
+        }
+    }
+
+    /// How many places are kept at `now`, and how long until the first of them is released by the clock.
+    /// Places kept for `hold` are released (settled).
+    pub fn held(&mut self, now: Instant, hold: Duration) -> (usize, Option<Duration>) {
+        let mut count = 0;
+        let mut next: Option<Duration> = None;
+        for known in self.runners.values_mut() {
+            if let Known::Held(since) = *known {
+                let kept = now.saturating_duration_since(since);
+                if kept >= hold {
+                    *known = Known::Settled;
+                } else {
+                    count += 1;
+                    let left = hold - kept;
+                    next = Some(next.map_or(left, |next| next.min(left)));
+                }
+            }
+        }
+        (count, next)
+    }
+
+    /// Forgets what no longer matters: names neither listed nor of a runner still there (`keep` says which),
+    /// except places still kept.
+    pub fn prune(&mut self, keep: impl Fn(&str) -> bool) {
+        self.runners
+            .retain(|name, known| matches!(known, Known::Held(_)) || keep(name));
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.runners.is_empty()
+    }
+}
+
+/// The names an EphemeralRunnerSet's listing carries.
+pub fn listing(annotations: &std::collections::BTreeMap<String, String>) -> Vec<&str> {
+    annotations
+        .get(COMPLETED_RUNNERS_ANNOTATION)
+        .map(|names| names.split(',').filter(|name| !name.is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `runner`, seen changed or `deleted`, is leaving with a job: being deleted (or gone) after the listener
+/// recorded one. A runner whose pod succeeded deletes itself (the teardown lane), so this is how a finished runner
+/// looks to its set.
+pub fn leaving_with_job(runner: &EphemeralRunner, deleted: bool) -> bool {
+    (deleted || runner.metadata.deletion_timestamp.is_some()) && runner.has_job()
+}
+
+/// The key the EphemeralRunnerSet controller knows the set that owns `runner` by (`namespace/name`), if one does.
+pub fn owner_set_key(runner: &EphemeralRunner) -> Option<String> {
+    let owner = runner.owner_references().iter().find(|owner| {
+        owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
+    })?;
+    Some(format!("{}/{}", runner.namespace()?, owner.name))
+}
+
+/// Every set's [`Ledger`], fed by the runner watch and read by the set's scaling step.
+#[derive(Debug, Default)]
+pub struct Completions {
+    sets: Mutex<HashMap<String, Ledger>>,
+}
+
+impl Completions {
+    /// Runner `name` of set `key` is leaving with a job ([`leaving_with_job`]): it starts being held, unless it
+    /// was listed or seen leaving before.
+    pub fn left(&self, key: &str, name: &str) {
+        lock(&self.sets)
+            .entry(key.to_owned())
+            .or_default()
+            .left(name, Instant::now());
+    }
+
+    /// Set `key`'s scaling step: records its `listed` runners, forgets what neither `listed` nor `exists`, and
+    /// says how many places are held and for how long at most.
+    pub fn held(
+        &self,
+        key: &str,
+        listed: &[&str],
+        exists: impl Fn(&str) -> bool,
+        hold: Duration,
+    ) -> (usize, Option<Duration>) {
+        let mut sets = lock(&self.sets);
+        if listed.is_empty() && !sets.contains_key(key) {
+            return (0, None);
+        }
+        let ledger = sets.entry(key.to_owned()).or_default();
+        ledger.listed(listed.iter().copied());
+        let held = ledger.held(Instant::now(), hold);
+        ledger.prune(|name| listed.contains(&name) || exists(name));
+        if ledger.is_empty() {
+            sets.remove(key);
+        }
+        held
+    }
+
+    /// Forgets set `key` (deleted).
+    pub fn forget(&self, key: &str) {
+        lock(&self.sets).remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HOLD: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_runner_that_left_is_held_until_listed() {
+        let start = Instant::now();
+        let mut ledger = Ledger::default();
+        ledger.left("a", start);
+        assert_eq!(ledger.held(start, HOLD), (1, Some(HOLD)));
+        ledger.listed(["a"]);
+        assert_eq!(ledger.held(start, HOLD), (0, None));
+        ledger.prune(|_| false);
+        assert!(ledger.is_empty());
+    }
+
+    #[test]
+    fn a_runner_listed_before_it_left_is_never_held() {
+        let start = Instant::now();
+        let mut ledger = Ledger::default();
+        ledger.listed(["a"]);
+        // The listener dropped the name after the set acted on it; the runner is still there.
+        ledger.prune(|name| name == "a");
+        ledger.left("a", start);
+        assert_eq!(ledger.held(start, HOLD), (0, None));
+        ledger.left("a", start);
+        assert_eq!(ledger.held(start, HOLD), (0, None), "seen leaving twice");
+    }
+
+    #[test]
+    fn a_place_is_kept_at_most_the_hold() {
+        let start = Instant::now();
+        let mut ledger = Ledger::default();
+        ledger.left("a", start);
+        ledger.left("b", start + Duration::from_secs(4));
+        let later = start + Duration::from_secs(6);
+        assert_eq!(ledger.held(later, HOLD), (2, Some(Duration::from_secs(4))));
+        let (count, next) = ledger.held(start + HOLD, HOLD);
+        assert_eq!((count, next), (1, Some(Duration::from_secs(4))));
+        // Released by the clock: seeing it leave again does not hold it again.
+        ledger.left("a", start + HOLD);
+        assert_eq!(ledger.held(start + HOLD, HOLD).0, 1);
+        ledger.prune(|_| false);
+        assert_eq!(
+            ledger.held(start + HOLD, HOLD).0,
+            1,
+            "a kept place is not pruned"
+        );
+    }
+
+    #[test]
+    fn only_a_runner_with_a_job_that_is_going_leaves_with_one() {
+        use crds::EphemeralRunnerStatus;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use k8s_openapi::jiff::Timestamp;
+
+        let mut runner = EphemeralRunner::new("r", Default::default());
+        assert!(!leaving_with_job(&runner, true), "no job");
+        runner.status = Some(EphemeralRunnerStatus {
+            job_id: "7".into(),
+            ..EphemeralRunnerStatus::default()
+        });
+        assert!(!leaving_with_job(&runner, false), "busy, not going");
+        assert!(leaving_with_job(&runner, true));
+        runner.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        assert!(leaving_with_job(&runner, false));
+    }
+
+    #[test]
+    fn the_listing_is_read_from_the_annotation() {
+        let annotations = [(COMPLETED_RUNNERS_ANNOTATION.to_owned(), "a,b,".to_owned())].into();
+        assert_eq!(listing(&annotations), ["a", "b"]);
+        assert!(listing(&Default::default()).is_empty());
+    }
+
+    #[test]
+    fn sets_are_forgotten_once_nothing_is_held() {
+        let completions = Completions::default();
+        assert_eq!(completions.held("ns/set", &[], |_| true, HOLD), (0, None));
+        assert!(lock(&completions.sets).is_empty());
+        assert_eq!(
+            completions.held("ns/set", &["a"], |_| false, HOLD),
+            (0, None)
+        );
+        assert_eq!(
+            completions.held("ns/set", &[], |_| false, HOLD),
+            (0, None),
+            "the name left the listing and no runner has it"
+        );
+        assert!(lock(&completions.sets).is_empty());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        Listed(u8),
+        Left(u8),
+        Tick(u8),
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (0u8..6).prop_map(Event::Listed),
+            (0u8..6).prop_map(Event::Left),
+            (0u8..12).prop_map(Event::Tick),
+        ]
+    }
+
+    proptest! {
+        /// A runner is held exactly while it has left, has not been listed (before or after leaving), and left
+        /// less than the hold ago: no place is kept forever, and a listed runner is never held.
+        #[test]
+        fn held_places_are_exactly_the_unlisted_recent_leavers(events in prop::collection::vec(event(), 0..60)) {
+            let start = Instant::now();
+            let mut now = start;
+            let mut ledger = Ledger::default();
+            let mut listed = std::collections::HashSet::new();
+            let mut left_at: HashMap<u8, Instant> = HashMap::new();
+            for event in events {
+                match event {
+                    Event::Listed(n) => {
+                        listed.insert(n);
+                        ledger.listed([format!("r{n}").as_str()]);
+                    }
+                    Event::Left(n) => {
+                        left_at.entry(n).or_insert(now);
+                        ledger.left(&format!("r{n}"), now);
+                    }
+                    Event::Tick(secs) => now += Duration::from_secs(u64::from(secs)),
+                }
+                let expected = left_at
+                    .iter()
+                    .filter(|(n, at)| !listed.contains(n) && now.duration_since(**at) < HOLD)
+                    .count();
+                let (count, next) = ledger.held(now, HOLD);
+                prop_assert_eq!(count, expected);
+                prop_assert_eq!(count == 0, next.is_none());
+                prop_assert!(next.is_none_or(|next| next <= HOLD));
+            }
+        }
+    }
+}
