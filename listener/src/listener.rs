@@ -133,7 +133,8 @@ enum StepKind {
     /// Patch; a quiet step whose target did not change asks the set to converge even above the minimum
     /// ([`crate::scaling::Scaler::settle`]).
     Settle,
-    /// After a message with job events: a patch that repeats the target may wait ([`crate::scaling::may_defer`]).
+    /// After a message with job events: a patch that does not raise the target may wait
+    /// ([`crate::scaling::may_defer`]).
     MayDefer,
 }
 
@@ -472,8 +473,8 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         // moment the message was fetched, and every second spent on status patches lets more of the jobs they
         // count finish, so the ERS would create runners for jobs that are already done. A batch with JobStarted
         // is eventful, so this patch can only scale up: busy runners are never at risk before their patch lands.
-        // After a message with job events: a patch that changes the target goes now, one that repeats it waits
-        // up to `Settings::patch_coalesce_window` for the next ones.
+        // After a message with job events: a patch that raises the target goes now, any other waits up to
+        // `Settings::patch_coalesce_window` for the next ones.
         let scaled = self
             .scale_step(self.latest.total_assigned_jobs, StepKind::MayDefer)
             .await;

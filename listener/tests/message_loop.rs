@@ -763,11 +763,11 @@ async fn failing_runner_patches_are_queued_without_stalling_scaling() {
     running.stop().await;
 }
 
-/// Patches that repeat the target wait up to the coalescing window and go as one (the listener's default; the
-/// other tests patch after every message, as ARC does): jobs that start one message after another cost the API
-/// server one patch, not one each, while a change of the target still goes at once and the set ends right.
+/// Patches that do not raise the target wait up to the coalescing window and go as one (the listener's default;
+/// the other tests patch after every message, as ARC does): jobs that start one message after another cost the
+/// API server one patch, not one each, and the set ends right.
 #[tokio::test]
-async fn patches_after_starts_are_joined_and_changes_go_at_once() {
+async fn patches_after_job_events_are_joined_and_raises_go_at_once() {
     let settings = Settings {
         patch_coalesce_window: Duration::from_secs(1),
         ..fast_settings()
@@ -804,7 +804,7 @@ async fn patches_after_starts_are_joined_and_changes_go_at_once() {
     .await;
     assert!(flushed, "{:?}", running.target.set_patches());
     assert_eq!(running.target.replicas(), 5);
-    // A job that ends lowers the target: its patch does not wait.
+    // A job that ends lowers the target: its patch may wait for the window, and then goes.
     running
         .fake
         .state()

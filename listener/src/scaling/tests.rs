@@ -214,12 +214,12 @@ fn steps() -> impl Strategy<Value = Vec<(bool, i64)>> {
 }
 
 #[test]
-fn only_patches_that_repeat_the_target_wait() {
+fn only_patches_that_do_not_raise_the_target_wait() {
     let window = std::time::Duration::from_secs(1);
-    // A job started: same target; it may wait.
+    // A job started (same target) or finished (lower): it may wait.
     assert!(may_defer(10, 10, true, window));
-    // A job finished or new jobs came: the patch goes at once.
-    assert!(!may_defer(9, 10, true, window));
+    assert!(may_defer(9, 10, true, window));
+    // New jobs came: the patch goes at once.
     assert!(!may_defer(11, 10, true, window));
     // The first patch of a process, and a quiet step (it may be the "converge" patch): at once.
     assert!(!may_defer(0, -1, true, window));
@@ -229,7 +229,7 @@ fn only_patches_that_repeat_the_target_wait() {
 }
 
 proptest! {
-    /// A patch that waits only repeats the target the set already has, and is never a converge.
+    /// A patch that waits never raises the target the set already has, and is never a converge.
     #[test]
     fn a_deferred_patch_never_scales_up_or_converges(
         target in -1i64..50,
@@ -239,7 +239,7 @@ proptest! {
     ) {
         let window = std::time::Duration::from_millis(window_ms);
         if may_defer(target, last_sent, eventful, window) {
-            prop_assert_eq!(target, last_sent);
+            prop_assert!(target <= last_sent);
             prop_assert!(eventful);
             prop_assert!(!window.is_zero());
         }
