@@ -40,13 +40,14 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
         report.actions_calls_per_job,
         report.actions_calls
     );
-    // A runner is sometimes made for a job that finishes in the same instant: the listener scales on the
-    // service's statistics, which learn of a finished job a moment after its runner is gone (the protocol's
-    // race, widest with jobs of one second and runners that leave within a second of their job). Twice as many
-    // runners as jobs was the bug this guards against; the 500-job benchmark makes exactly 500.
+    // One runner per job. A target computed just before a job completed still counts it; the set keeps the place
+    // of the job's runner until the listener lists it as completed (docs/reference/controllers.md, "Finished
+    // runners and the target"), so no spare is made unless that listing takes longer than the hold (10 s), which
+    // only a machine many times slower than this test's usual 10 s run could make happen. Before the listing, one
+    // CI run under load made 42 runners for these 30 jobs.
     let runners = count(&report.actions_calls, "generate_jit_config");
     assert!(
-        runners >= u64::from(jobs) && runners <= u64::from(jobs) + u64::from(jobs) / 5,
+        runners >= u64::from(jobs) && runners <= u64::from(jobs) + u64::from(jobs) / 10,
         "one runner per job, none for jobs already done: {:?}",
         report.actions_calls
     );
