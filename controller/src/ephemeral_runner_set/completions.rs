@@ -241,6 +241,15 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_set_is_forgotten_with_its_held_places() {
+        let completions = Completions::default();
+        completions.left("ns/set", "a");
+        assert_eq!(completions.held("ns/set", &[], |_| false, HOLD).0, 1);
+        completions.forget("ns/set");
+        assert!(lock(&completions.sets).is_empty());
+    }
+
+    #[test]
     fn sets_are_forgotten_once_nothing_is_held() {
         let completions = Completions::default();
         assert_eq!(completions.held("ns/set", &[], |_| true, HOLD), (0, None));

@@ -613,6 +613,7 @@ impl<'a> SetStep<'a> {
         }
         remove_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER]).await?;
         self.ctx.expectations.forget(&self.key);
+        self.ctx.completions.forget(&self.key);
         Ok(Action::await_change())
     }
 

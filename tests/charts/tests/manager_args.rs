@@ -51,7 +51,7 @@ fn a_render_with_every_flag_parses() {
             "updateStrategy": "eventual",
             "excludeLabelPropagationPrefixes": ["argocd.argoproj.io/", "internal.example/"],
             "k8sClientRateLimiterQPS": 50,
-            "k8sClientRateLimiterBurst": 100,
+            "k8sClientRateLimiterBurst": 75,
             "rateLimiter": {"name": "typed_rate_limiter"},
             "healthProbeBindAddress": ":8081"
         },
@@ -65,6 +65,7 @@ fn a_render_with_every_flag_parses() {
     assert_eq!(options.watch_namespace.as_deref(), Some("runners"));
     assert_eq!(options.runner_concurrency, 8);
     assert_eq!(options.exclude_label_propagation_prefixes.len(), 2);
-    assert_eq!(args.k8s_client_rate_limiter_burst, 100);
+    assert_eq!(args.k8s_client_rate_limiter_burst, 75);
+    assert_eq!(args.k8s_client_rate_limiter_qps, 50.0);
     assert_eq!(options.listener.metrics_endpoint, "/metrics");
 }

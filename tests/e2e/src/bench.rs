@@ -1218,7 +1218,7 @@ apiserver_request_total{code="504",component="apiserver",dry_run="",group="",res
         );
         assert_eq!(
             named("--k8s-client-rate-limiter-qps").map(|d| (d.here, d.chart)),
-            Some(("500".to_owned(), "200".to_owned()))
+            Some(("500".to_owned(), "240".to_owned()))
         );
         assert_eq!(
             named("--auto-scaling-runner-set-only").map(|d| (d.here, d.chart)),
