@@ -212,10 +212,9 @@ impl Manager {
                 move |runner: &EphemeralRunner| {
                     deleted_memory.forget(&runner.uid().unwrap_or_default());
                     if let Some(owner) = controller_owner::<_, EphemeralRunnerSet>(runner) {
-                        let key = format!(
-                            "{}/{}",
+                        let key = ephemeral_runner_set::set_key(
                             owner.namespace.as_deref().unwrap_or_default(),
-                            owner.name
+                            &owner.name,
                         );
                         if leaving_with_job(runner, true) {
                             deleted_completions.left(&key, &runner.name_any());

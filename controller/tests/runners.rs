@@ -229,15 +229,8 @@ async fn a_runner_busy_on_removal_is_requeued_until_its_job_ends() {
         .state()
         .finish_job(job, "succeeded")
         .expect("finish the job");
-    env.eventually("the runner gone after its job", || async {
-        env.runners_api()
-            .get_opt(&name)
-            .await
-            .expect("get")
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    env.wait_runner_gone("the runner gone after its job", &name)
+        .await;
     manager.stop().await;
 }
 
@@ -663,15 +656,8 @@ async fn one_of_two_runners_finishes_a_job(env: &Env, reported: bool) -> String 
         env.report_job(&finished, "job-1").await;
     }
     env.end_pod(&finished, "Succeeded", Some(0), None).await;
-    env.eventually("the finished runner gone", || async {
-        env.runners_api()
-            .get_opt(&finished)
-            .await
-            .expect("get")
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    env.wait_runner_gone("the finished runner gone", &finished)
+        .await;
     finished
 }
 
@@ -743,8 +729,7 @@ async fn a_target_that_still_counts_a_finished_job_makes_no_spare_runner() {
 async fn a_finished_runner_the_listener_never_lists_is_replaced_after_the_hold() {
     let env = Env::new("ers-hold").await;
     let mut options = env.options();
-    let hold = Duration::from_secs(10);
-    options.completion_hold = hold;
+    options.completion_hold = Duration::from_secs(10);
     let manager = env.start(options);
     // A job shorter than the listener's write of its fields: the runner's own end (its pod succeeded) is what
     // holds its place.

@@ -1,6 +1,6 @@
 //! What the listener writes to Kubernetes: the EphemeralRunnerSet's `replicas`/`patchID` (with the runners whose
-//! finished jobs the target leaves out, [`crds::constants::COMPLETED_RUNNERS_ANNOTATION`]) and an EphemeralRunner's job fields. Only these two merge patches are ever sent (the listener's RBAC allows nothing
-//! else).
+//! finished jobs the target leaves out, [`crds::constants::COMPLETED_RUNNERS_ANNOTATION`]) and an EphemeralRunner's
+//! job fields. Only these two merge patches are ever sent (the listener's RBAC allows nothing else).
 
 use std::future::Future;
 

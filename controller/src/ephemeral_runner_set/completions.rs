@@ -114,7 +114,7 @@ pub fn owner_set_key(runner: &EphemeralRunner) -> Option<String> {
     let owner = runner.owner_references().iter().find(|owner| {
         owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
     })?;
-    Some(format!("{}/{}", runner.namespace()?, owner.name))
+    Some(super::set_key(&runner.namespace()?, &owner.name))
 }
 
 /// Every set's [`Ledger`], fed by the runner watch and read by the set's scaling step.

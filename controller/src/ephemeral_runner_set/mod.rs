@@ -25,6 +25,11 @@ use crate::error::Error;
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "ephemeralrunnerset";
 
+/// The key a set's in-memory books (its expectations and completions) go by: `namespace/name`.
+pub fn set_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
 async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.instrumented(
         CONTROLLER,

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use actions_client::{GitHubConfig, Scope};
 use crds::constants::{
-    EPHEMERAL_RUNNER_SET_FINALIZER, INTEGRITY_HASH_ANNOTATION, SCALE_SET_NAME_LABEL,
-    SCALE_SET_NAMESPACE_LABEL, phase,
+    APPLIED_GENERATION_ANNOTATION, EPHEMERAL_RUNNER_SET_FINALIZER, INTEGRITY_HASH_ANNOTATION,
+    SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, phase,
 };
 use crds::names::ephemeral_runner_set_proxy_secret_name;
 use crds::{EphemeralRunner, EphemeralRunnerSet};
@@ -38,8 +38,7 @@ use serde_json::json;
 use super::completions::listing;
 use super::runner::{desired_runner, scale_set_identity};
 use super::scale::{
-    APPLIED_GENERATION_ANNOTATION, Census, ScalePlan, already_applied, places_held, plan,
-    removal_candidates, stale_runners,
+    Census, ScalePlan, already_applied, places_held, plan, removal_candidates, stale_runners,
 };
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::context::Context;
@@ -119,7 +118,7 @@ impl<'a> SetStep<'a> {
         Ok(Self {
             set,
             ctx,
-            key: format!("{namespace}/{name}"),
+            key: super::set_key(&namespace, &name),
             api: Api::namespaced(client.clone(), &namespace),
             runners: Api::namespaced(client.clone(), &namespace),
             secrets: Api::namespaced(client, &namespace),
@@ -312,35 +311,27 @@ impl<'a> SetStep<'a> {
         );
         let replicas = self.set.spec.replicas;
         let decision = plan(replicas, patch_id, applied, census, held);
-        let held_back = if applied {
-            0
-        } else {
-            places_held(replicas, census, held)
-        };
+        let held_back = places_held(replicas, census, held);
         let result = match decision {
             ScalePlan::AlreadyApplied => return Ok(None),
             ScalePlan::Hold => Ok(None),
             ScalePlan::Create(count) => self.create_runners(count).await.map(|()| None),
             ScalePlan::Remove(count) => self.remove_idle(census, count).await,
         };
-        if held_back > 0 {
+        // A request served only in part (places held) is not recorded as acted upon: it is served again when they
+        // are released, by a patch listing them or by the clock.
+        let result = if held_back > 0 {
             tracing::info!(
                 held = held_back,
                 "keeping places of runners that left with a job until the listener lists them"
             );
-        }
-        // A request served only in part (places held) is served again when they are released: by a patch listing
-        // them, or by the clock.
-        if result.is_ok() && patch_id > 0 && held_back == 0 {
-            self.record_applied_generation().await?;
-        }
-        let result = result.map(|early| {
-            if held_back > 0 {
-                early.into_iter().chain(released_in).min()
-            } else {
-                early
+            result.map(|early| early.into_iter().chain(released_in).min())
+        } else {
+            if result.is_ok() && patch_id > 0 {
+                self.record_applied_generation().await?;
             }
-        });
+            result
+        };
         // Finished runners go whenever a scaling step ran; failures here are only logged, as in ARC.
         for runner in &census.finished {
             if let Err(error) =

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use crds::constants::{
-    COMPLETED_RUNNERS_ANNOTATION, COMPONENT_LABEL, COMPONENT_RUNNER, EPHEMERAL_RUNNER_FINALIZER,
-    EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION,
-    SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
+    APPLIED_GENERATION_ANNOTATION, COMPLETED_RUNNERS_ANNOTATION, COMPONENT_LABEL, COMPONENT_RUNNER,
+    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION,
+    PATCH_ID_ANNOTATION, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
 use crds::names::{ephemeral_runner_generate_name, ephemeral_runner_set_proxy_secret_name};
 use crds::{EphemeralRunner, EphemeralRunnerSet};
@@ -39,7 +39,7 @@ pub fn desired_runner(
     );
     let mut annotations: BTreeMap<String, String> = set.annotations().clone();
     annotations.remove(LAST_APPLIED_ANNOTATION);
-    annotations.remove(super::scale::APPLIED_GENERATION_ANNOTATION);
+    annotations.remove(APPLIED_GENERATION_ANNOTATION);
     annotations.remove(super::scale::LEGACY_APPLIED_PATCH_ID_ANNOTATION);
     annotations.remove(COMPLETED_RUNNERS_ANNOTATION);
     annotations.insert(

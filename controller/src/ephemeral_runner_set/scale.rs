@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crds::constants::APPLIED_GENERATION_ANNOTATION;
 use crds::constants::{INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, phase};
 use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
 use k8s_openapi::jiff::Timestamp;

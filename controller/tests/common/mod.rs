@@ -261,6 +261,19 @@ impl Env {
         test_harness::eventually(what, WAIT, check).await
     }
 
+    /// Waits until EphemeralRunner `name` no longer exists (`what` names the wait in a failure).
+    pub async fn wait_runner_gone(&self, what: &str, name: &str) {
+        self.eventually(what, || async {
+            self.runners_api()
+                .get_opt(name)
+                .await
+                .expect("get the runner")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+
     /// The stand-in kubelet: the runner container runs and the pod is Ready.
     pub async fn run_pod(&self, name: &str) {
         // The runner records its registration a moment before it creates its pod.
