@@ -726,6 +726,48 @@ async fn a_target_that_still_counts_a_finished_job_makes_no_spare_runner() {
 }
 
 #[tokio::test]
+async fn a_runner_whose_job_is_over_fills_no_place_while_it_is_still_there() {
+    let env = Env::new("ers-finishing").await;
+    let mut options = env.options();
+    // Longer than the test: nothing here may wait for the clock.
+    options.completion_hold = Duration::from_secs(300);
+    let manager = env.start(options);
+    env.create_set("arc", 1, 1).await;
+    let runners = env
+        .eventually("a registered runner", || async {
+            let runners = env.runners().await;
+            (runners.len() == 1 && registered_runners(&runners) == 1).then_some(runners)
+        })
+        .await;
+    let first = runners[0].name_any();
+    env.run_pod(&first).await;
+    env.report_job(&first, "job-1").await;
+
+    // Its job completed and another one is queued, and the listener heard before the runner's pod reported its
+    // end (in a burst, the runner's teardown can lag by seconds): the target is one, for the new job, and lists
+    // the first runner. That runner serves no job the target counts, so the new job gets a runner now.
+    listener_patch(&env, 1, 2, Some(&first)).await;
+    let runners = env
+        .eventually("a runner for the queued job", || async {
+            let runners = env.runners().await;
+            (runners.len() == 2).then_some(runners)
+        })
+        .await;
+    assert!(
+        runners.iter().any(|runner| runner.name_any() == first),
+        "the finished runner is still there"
+    );
+    wait_applied(&env).await;
+    // Once it goes, nothing replaces it: one runner, for the queued job.
+    env.end_pod(&first, "Succeeded", Some(0), None).await;
+    env.wait_runner_gone("the finished runner gone", &first)
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.runners().await.len(), 1);
+    manager.stop().await;
+}
+
+#[tokio::test]
 async fn a_finished_runner_the_listener_never_lists_is_replaced_after_the_hold() {
     let env = Env::new("ers-hold").await;
     let mut options = env.options();

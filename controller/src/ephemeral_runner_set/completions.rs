@@ -20,6 +20,7 @@ use crds::constants::COMPLETED_RUNNERS_ANNOTATION;
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use kube::{Resource, ResourceExt};
 
+use super::scale::Places;
 use crate::context::lock;
 
 /// What a set knows about one runner's finished job.
@@ -88,6 +89,11 @@ impl Ledger {
             .retain(|name, known| matches!(known, Known::Held(_)) || keep(name));
     }
 
+    /// Whether runner `name`'s job is known to be over (listed, or seen leaving with it).
+    pub fn knows(&self, name: &str) -> bool {
+        self.runners.contains_key(name)
+    }
+
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.runners.is_empty()
@@ -133,27 +139,39 @@ impl Completions {
             .left(name, Instant::now());
     }
 
-    /// Set `key`'s scaling step: records its `listed` runners, forgets what neither `listed` nor `exists`, and
-    /// says how many places are held and for how long at most.
-    pub fn held(
+    /// Set `key`'s scaling step: records its `listed` runners and, of the runners its census `counted` as holding
+    /// a place, those whose pod succeeded (the `bool`: they left with their job as far as the target goes); forgets
+    /// what is neither listed nor `exists`; and says how many places are held, how long until the clock releases
+    /// the first, and how many of the `counted` runners are finishing ([`Places`]).
+    pub fn standing(
         &self,
         key: &str,
         listed: &[&str],
+        counted: &[(&str, bool)],
         exists: impl Fn(&str) -> bool,
         hold: Duration,
-    ) -> (usize, Option<Duration>) {
+    ) -> (Places, Option<Duration>) {
         let mut sets = lock(&self.sets);
-        if listed.is_empty() && !sets.contains_key(key) {
-            return (0, None);
+        let succeeded = counted.iter().any(|(_, succeeded)| *succeeded);
+        if listed.is_empty() && !succeeded && !sets.contains_key(key) {
+            return (Places::default(), None);
         }
         let ledger = sets.entry(key.to_owned()).or_default();
         ledger.listed(listed.iter().copied());
-        let held = ledger.held(Instant::now(), hold);
+        let now = Instant::now();
+        for (name, _) in counted.iter().filter(|(_, succeeded)| *succeeded) {
+            ledger.left(name, now);
+        }
+        let (held, released_in) = ledger.held(now, hold);
+        let finishing = counted
+            .iter()
+            .filter(|(name, _)| ledger.knows(name))
+            .count();
         ledger.prune(|name| listed.contains(&name) || exists(name));
         if ledger.is_empty() {
             sets.remove(key);
         }
-        held
+        (Places { held, finishing }, released_in)
     }
 
     /// Forgets set `key` (deleted).
@@ -244,7 +262,13 @@ mod tests {
     fn a_deleted_set_is_forgotten_with_its_held_places() {
         let completions = Completions::default();
         completions.left("ns/set", "a");
-        assert_eq!(completions.held("ns/set", &[], |_| false, HOLD).0, 1);
+        assert_eq!(
+            completions
+                .standing("ns/set", &[], &[], |_| false, HOLD)
+                .0
+                .held,
+            1
+        );
         completions.forget("ns/set");
         assert!(lock(&completions.sets).is_empty());
     }
@@ -252,18 +276,63 @@ mod tests {
     #[test]
     fn sets_are_forgotten_once_nothing_is_held() {
         let completions = Completions::default();
-        assert_eq!(completions.held("ns/set", &[], |_| true, HOLD), (0, None));
+        let nothing = (Places::default(), None);
+        assert_eq!(
+            completions.standing("ns/set", &[], &[("a", false)], |_| true, HOLD),
+            nothing
+        );
         assert!(lock(&completions.sets).is_empty());
         assert_eq!(
-            completions.held("ns/set", &["a"], |_| false, HOLD),
-            (0, None)
+            completions.standing("ns/set", &["a"], &[], |_| false, HOLD),
+            nothing
         );
         assert_eq!(
-            completions.held("ns/set", &[], |_| false, HOLD),
-            (0, None),
+            completions.standing("ns/set", &[], &[], |_| false, HOLD),
+            nothing,
             "the name left the listing and no runner has it"
         );
         assert!(lock(&completions.sets).is_empty());
+    }
+
+    #[test]
+    fn a_runner_whose_job_is_over_fills_no_place_while_it_is_still_there() {
+        let completions = Completions::default();
+        let standing = |listed: &[&str], counted: &[(&str, bool)]| {
+            completions
+                .standing("ns/set", listed, counted, |name| name != "gone", HOLD)
+                .0
+        };
+        // Listed while it is still there (its teardown lags): finishing, nothing held.
+        assert_eq!(
+            standing(&["a"], &[("a", false), ("b", false)]),
+            Places {
+                held: 0,
+                finishing: 1
+            }
+        );
+        // The listener dropped the name once the set acted on it: still known to be finishing.
+        assert_eq!(
+            standing(&[], &[("a", false), ("b", false)]),
+            Places {
+                held: 0,
+                finishing: 1
+            }
+        );
+        // Its pod succeeded before any listing: finishing, and its place held until the listing names it.
+        assert_eq!(
+            standing(&[], &[("a", false), ("b", true)]),
+            Places {
+                held: 1,
+                finishing: 2
+            }
+        );
+        assert_eq!(
+            standing(&["b"], &[("a", false), ("b", true)]),
+            Places {
+                held: 0,
+                finishing: 2
+            }
+        );
     }
 
     #[derive(Debug, Clone)]

@@ -42,6 +42,7 @@ use super::scale::{
 };
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::context::Context;
+use crate::ephemeral_runner::in_teardown;
 use crate::error::{Error, Result};
 use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::kubeutil::{
@@ -297,11 +298,24 @@ impl<'a> SetStep<'a> {
         );
         // The listing is recorded on every pass, acted upon or not: a runner listed now may leave later.
         let listed = listing(self.set.annotations());
+        // The runners counted as holding a place, and whether each one's pod succeeded (its teardown may lag).
+        let counted: Vec<(String, bool)> = census
+            .counted()
+            .map(|runner| {
+                let succeeded = in_teardown(runner, self.pod_of(runner).as_deref());
+                (runner.name_any(), succeeded)
+            })
+            .collect();
+        let counted: Vec<(&str, bool)> = counted
+            .iter()
+            .map(|(name, succeeded)| (name.as_str(), *succeeded))
+            .collect();
         // Built only when the set has a ledger to prune.
         let present = OnceCell::new();
-        let (held, released_in) = self.ctx.completions.held(
+        let (places, released_in) = self.ctx.completions.standing(
             &self.key,
             &listed,
+            &counted,
             |name| {
                 present
                     .get_or_init(|| census.names().collect::<HashSet<String>>())
@@ -310,8 +324,8 @@ impl<'a> SetStep<'a> {
             self.ctx.options.completion_hold,
         );
         let replicas = self.set.spec.replicas;
-        let decision = plan(replicas, patch_id, applied, census, held);
-        let held_back = places_held(replicas, census, held);
+        let decision = plan(replicas, patch_id, applied, census, places);
+        let held_back = places_held(replicas, census, places);
         let result = match decision {
             ScalePlan::AlreadyApplied => return Ok(None),
             ScalePlan::Hold => Ok(None),

@@ -107,6 +107,11 @@ impl Census {
         self.pending.len() + self.running.len() + self.failed.len()
     }
 
+    /// The runners [`Census::total`] counts.
+    pub fn counted(&self) -> impl Iterator<Item = &Arc<EphemeralRunner>> {
+        self.pending.iter().chain(&self.running).chain(&self.failed)
+    }
+
     /// The status these runners give, keeping a sticky `Outdated` and defaulting to `Running`.
     pub fn status(&self, current_phase: &str) -> EphemeralRunnerSetStatus {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -161,36 +166,49 @@ pub fn already_applied(
     }
 }
 
+/// What the set knows of its runners beyond their buckets ([`super::completions`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Places {
+    /// Places kept for runners that left with a job the target may still count: not filled.
+    pub held: usize,
+    /// Runners [`Census::total`] counts whose job is over (the listener listed it, or the pod succeeded) but that
+    /// have not gone yet: they serve no job the target counts, so they fill none of its places. The target drops
+    /// a job the moment its completion reaches the listener, while the runner's own teardown may take seconds
+    /// more in a burst; counted as serving, they would leave queued jobs without runners until they are gone.
+    pub finishing: usize,
+}
+
 /// The patch-ID protocol (docs/reference/controllers.md, "The patch-ID protocol"): `patch_id` 0 is
-/// authoritative (scale both ways); a positive one only scales up, once (see [`already_applied`]). `held` places
-/// are kept for runners that left with a job the target may still count ([`super::completions`]): they are not
-/// filled, and never make a scale-down remove more.
+/// authoritative (scale both ways); a positive one only scales up, once (see [`already_applied`]). Held places
+/// ([`Places::held`]) are not filled, and never make a scale-down remove more; finishing runners
+/// ([`Places::finishing`]) fill no place and are never what a scale-down removes for.
 pub fn plan(
     replicas: i64,
     patch_id: i64,
     applied: bool,
     census: &Census,
-    held: usize,
+    places: Places,
 ) -> ScalePlan {
     if applied {
         return ScalePlan::AlreadyApplied;
     }
     let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
-    let total = census.total();
-    if total.saturating_add(held) < replicas {
-        ScalePlan::Create(replicas - total - held)
-    } else if patch_id == 0 && total > replicas {
-        ScalePlan::Remove(total - replicas)
+    let serving = census.total().saturating_sub(places.finishing);
+    if serving.saturating_add(places.held) < replicas {
+        ScalePlan::Create(replicas - serving - places.held)
+    } else if patch_id == 0 && serving > replicas {
+        ScalePlan::Remove(serving - replicas)
     } else {
         ScalePlan::Hold
     }
 }
 
-/// How many of the places `replicas` asks for are kept by `held` runners that left with a job rather than filled.
-/// While any are, the patch is not recorded as acted upon, so it is served again once they are released.
-pub fn places_held(replicas: i64, census: &Census, held: usize) -> usize {
+/// How many of the places `replicas` asks for are kept by held runners rather than filled. While any are, the
+/// patch is not recorded as acted upon, so it is served again once they are released.
+pub fn places_held(replicas: i64, census: &Census, places: Places) -> usize {
     let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
-    held.min(replicas.saturating_sub(census.total()))
+    let serving = census.total().saturating_sub(places.finishing);
+    places.held.min(replicas.saturating_sub(serving))
 }
 
 /// Runners made from another template than the set's current one (`hash`, compared with each runner's
@@ -390,19 +408,36 @@ mod tests {
         // Not recorded (adopted from ARC): ARC's rule.
         assert!(already_applied(4, Some(7), None, &census));
         assert!(!already_applied(5, Some(7), None, &census));
-        assert_eq!(plan(3, 4, true, &census, 0), ScalePlan::AlreadyApplied);
-        assert_eq!(plan(3, 5, false, &census, 0), ScalePlan::Create(2));
-        assert_eq!(plan(0, 5, false, &census, 0), ScalePlan::Hold);
-        assert_eq!(plan(0, 0, false, &census, 0), ScalePlan::Remove(1));
-        assert_eq!(plan(1, 0, false, &census, 0), ScalePlan::Hold);
-        assert_eq!(plan(-3, 0, false, &census, 0), ScalePlan::Remove(1));
+        let none = Places::default();
+        let held = |held| Places { held, finishing: 0 };
+        assert_eq!(plan(3, 4, true, &census, none), ScalePlan::AlreadyApplied);
+        assert_eq!(plan(3, 5, false, &census, none), ScalePlan::Create(2));
+        assert_eq!(plan(0, 5, false, &census, none), ScalePlan::Hold);
+        assert_eq!(plan(0, 0, false, &census, none), ScalePlan::Remove(1));
+        assert_eq!(plan(1, 0, false, &census, none), ScalePlan::Hold);
+        assert_eq!(plan(-3, 0, false, &census, none), ScalePlan::Remove(1));
         // Places held for runners that left with a job are not filled, and never make a scale-down remove more.
-        assert_eq!(plan(3, 5, false, &census, 1), ScalePlan::Create(1));
-        assert_eq!(places_held(3, &census, 1), 1);
-        assert_eq!(plan(3, 5, false, &census, 4), ScalePlan::Hold);
-        assert_eq!(places_held(3, &census, 4), 2);
-        assert_eq!(plan(0, 0, false, &census, 3), ScalePlan::Remove(1));
-        assert_eq!(places_held(0, &census, 3), 0);
+        assert_eq!(plan(3, 5, false, &census, held(1)), ScalePlan::Create(1));
+        assert_eq!(places_held(3, &census, held(1)), 1);
+        assert_eq!(plan(3, 5, false, &census, held(4)), ScalePlan::Hold);
+        assert_eq!(places_held(3, &census, held(4)), 2);
+        assert_eq!(plan(0, 0, false, &census, held(3)), ScalePlan::Remove(1));
+        assert_eq!(places_held(0, &census, held(3)), 0);
+        // A runner whose job is over fills no place: one queued job gets a runner while it is still there...
+        let finishing = Places {
+            held: 0,
+            finishing: 1,
+        };
+        assert_eq!(plan(1, 6, false, &census, finishing), ScalePlan::Create(1));
+        // ...and it is never what a scale-down removes an idle runner for.
+        assert_eq!(plan(0, 0, false, &census, finishing), ScalePlan::Hold);
+        // Until the listener lists it, its place is held as well: nothing changes.
+        let both = Places {
+            held: 1,
+            finishing: 1,
+        };
+        assert_eq!(plan(1, 6, false, &census, both), ScalePlan::Hold);
+        assert_eq!(places_held(1, &census, both), 1);
         // Patch 0 is never "already applied", even when a runner carries patch id 0.
         let zero = Census::of([runner("a", "Running", 1, 1, false, Some(0))]);
         assert!(!already_applied(0, Some(3), None, &zero));
@@ -485,6 +520,7 @@ mod tests {
             patch_id in 0i64..5,
             ready_at in 0i64..200,
             held in 0usize..5,
+            finishing in 0usize..5,
         ) {
             let runners: Vec<_> = runners
                 .into_iter()
@@ -493,19 +529,22 @@ mod tests {
                 .collect();
             let census = Census::of(runners);
             let applied = already_applied(patch_id, None, None, &census);
-            let plan = plan(replicas, patch_id, applied, &census, held);
+            let finishing = finishing.min(census.total());
+            let places = Places { held, finishing };
+            let serving = census.total() - finishing;
+            let plan = plan(replicas, patch_id, applied, &census, places);
             if patch_id > 0 {
                 prop_assert!(!matches!(plan, ScalePlan::Remove(_)));
             }
             if let ScalePlan::Create(n) = plan {
-                // Every place asked for is filled or held.
+                // Every place asked for is filled by a runner still serving, by a new one, or held.
                 prop_assert_eq!(
-                    census.total() + n + places_held(replicas, &census, held),
+                    serving + n + places_held(replicas, &census, places),
                     usize::try_from(replicas).unwrap()
                 );
             }
             if let ScalePlan::Remove(n) = plan {
-                prop_assert_eq!(census.total() - n, usize::try_from(replicas.max(0)).unwrap(), "held places remove nothing");
+                prop_assert_eq!(serving - n, usize::try_from(replicas.max(0)).unwrap(), "held places remove nothing");
             }
             let now = Timestamp::from_second(150).unwrap();
             let (candidates, _) = removal_candidates(&census, |_| Some(ready_pod(ready_at)), Duration::from_secs(30), now);

@@ -330,8 +330,15 @@ impl World {
             .map_err(|e| failed("a free port", &e))?
             .port();
         let mut args: Vec<String> = vec!["-i".to_owned()];
-        // MALLOC_ARENA_MAX lets a measurement try glibc's allocator settings on the real process.
-        for inherited in ["PATH", "HOME", "RUST_BACKTRACE", "MALLOC_ARENA_MAX"] {
+        // MALLOC_ARENA_MAX lets a measurement try glibc's allocator settings on the real process; RUST_LOG turns
+        // on one module's debug logs without the noise of `--log-level=debug`.
+        for inherited in [
+            "PATH",
+            "HOME",
+            "RUST_BACKTRACE",
+            "MALLOC_ARENA_MAX",
+            "RUST_LOG",
+        ] {
             if let Ok(value) = std::env::var(inherited) {
                 args.push(format!("{inherited}={value}"));
             }
