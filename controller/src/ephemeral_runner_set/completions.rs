@@ -37,14 +37,19 @@ enum Known {
 /// One set's runners that left with a job, and the listener's listing.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Ledger {
-    runners: HashMap<String, Known>,
+    /// What is known of each runner, and when its name last mattered (listed, or the runner there).
+    runners: HashMap<String, (Known, Instant)>,
 }
 
 impl Ledger {
-    /// The set's current listing names these runners.
-    pub fn listed<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+    /// The set's current listing names these runners, at `now`.
+    pub fn listed<'a>(&mut self, names: impl IntoIterator<Item = &'a str>, now: Instant) {
         for name in names {
-            let known = self.runners.entry(name.to_owned()).or_insert(Known::Listed);
+            let (known, mattered) = self
+                .runners
+                .entry(name.to_owned())
+                .or_insert((Known::Listed, now));
+            *mattered = now;
             if matches!(known, Known::Held(_)) {
                 *known = Known::Settled;
             }
@@ -53,10 +58,10 @@ impl Ledger {
 
     /// Runner `name` left with a job (being deleted, or gone) at `now`.
     pub fn left(&mut self, name: &str, now: Instant) {
-        let known = self
+        let (known, _) = self
             .runners
             .entry(name.to_owned())
-            .or_insert(Known::Held(now));
+            .or_insert((Known::Held(now), now));
         if *known == Known::Listed {
             *known = Known::Settled;
         }
@@ -67,7 +72,7 @@ impl Ledger {
     pub fn held(&mut self, now: Instant, hold: Duration) -> (usize, Option<Duration>) {
         let mut count = 0;
         let mut next: Option<Duration> = None;
-        for known in self.runners.values_mut() {
+        for (known, _) in self.runners.values_mut() {
             if let Known::Held(since) = *known {
                 let kept = now.saturating_duration_since(since);
                 if kept >= hold {
@@ -82,11 +87,18 @@ impl Ledger {
         (count, next)
     }
 
-    /// Forgets what no longer matters: names neither listed nor of a runner still there (`keep` says which),
-    /// except places still kept.
-    pub fn prune(&mut self, keep: impl Fn(&str) -> bool) {
-        self.runners
-            .retain(|name, known| matches!(known, Known::Held(_)) || keep(name));
+    /// Forgets what no longer matters at `now`: names neither listed nor of a runner still there (`keep` says
+    /// which) for `linger`, except places still kept. The linger is for the runner's last events: its deletion
+    /// reaches the cache a moment before the watch reports it as left, and a step that forgot the name in
+    /// between would have that report hold its place again.
+    pub fn prune(&mut self, now: Instant, linger: Duration, keep: impl Fn(&str) -> bool) {
+        self.runners.retain(|name, (known, mattered)| {
+            if keep(name) {
+                *mattered = now;
+                return true;
+            }
+            matches!(known, Known::Held(_)) || now.saturating_duration_since(*mattered) < linger
+        });
     }
 
     /// Whether runner `name`'s job is known to be over (listed, or seen leaving with it).
@@ -157,8 +169,8 @@ impl Completions {
             return (Places::default(), None);
         }
         let ledger = sets.entry(key.to_owned()).or_default();
-        ledger.listed(listed.iter().copied());
         let now = Instant::now();
+        ledger.listed(listed.iter().copied(), now);
         for (name, _) in counted.iter().filter(|(_, succeeded)| *succeeded) {
             ledger.left(name, now);
         }
@@ -167,7 +179,7 @@ impl Completions {
             .iter()
             .filter(|(name, _)| ledger.knows(name))
             .count();
-        ledger.prune(|name| listed.contains(&name) || exists(name));
+        ledger.prune(now, hold, |name| listed.contains(&name) || exists(name));
         if ledger.is_empty() {
             sets.remove(key);
         }
@@ -193,9 +205,9 @@ mod tests {
         let mut ledger = Ledger::default();
         ledger.left("a", start);
         assert_eq!(ledger.held(start, HOLD), (1, Some(HOLD)));
-        ledger.listed(["a"]);
+        ledger.listed(["a"], start);
         assert_eq!(ledger.held(start, HOLD), (0, None));
-        ledger.prune(|_| false);
+        ledger.prune(start + HOLD, HOLD, |_| false);
         assert!(ledger.is_empty());
     }
 
@@ -203,13 +215,29 @@ mod tests {
     fn a_runner_listed_before_it_left_is_never_held() {
         let start = Instant::now();
         let mut ledger = Ledger::default();
-        ledger.listed(["a"]);
+        ledger.listed(["a"], start);
         // The listener dropped the name after the set acted on it; the runner is still there.
-        ledger.prune(|name| name == "a");
+        ledger.prune(start + HOLD, HOLD, |name| name == "a");
         ledger.left("a", start);
         assert_eq!(ledger.held(start, HOLD), (0, None));
         ledger.left("a", start);
         assert_eq!(ledger.held(start, HOLD), (0, None), "seen leaving twice");
+    }
+
+    #[test]
+    fn a_runner_reported_gone_after_it_left_the_cache_is_not_held_again() {
+        let start = Instant::now();
+        let mut ledger = Ledger::default();
+        ledger.listed(["a"], start);
+        ledger.left("a", start);
+        // A step between the runner's removal from the cache and the watch's report of it: not listed, not there.
+        let moment = start + Duration::from_secs(1);
+        ledger.prune(moment, HOLD, |_| false);
+        ledger.left("a", moment);
+        assert_eq!(ledger.held(moment, HOLD), (0, None));
+        // Long after, the name is forgotten.
+        ledger.prune(moment + HOLD, HOLD, |_| false);
+        assert!(ledger.is_empty());
     }
 
     #[test]
@@ -225,7 +253,7 @@ mod tests {
         // Released by the clock: seeing it leave again does not hold it again.
         ledger.left("a", start + HOLD);
         assert_eq!(ledger.held(start + HOLD, HOLD).0, 1);
-        ledger.prune(|_| false);
+        ledger.prune(start + HOLD * 3, HOLD, |_| false);
         assert_eq!(
             ledger.held(start + HOLD, HOLD).0,
             1,
@@ -286,10 +314,10 @@ mod tests {
             completions.standing("ns/set", &["a"], &[], |_| false, HOLD),
             nothing
         );
+        // The name left the listing and no runner has it: forgotten once it has not mattered for the hold.
         assert_eq!(
-            completions.standing("ns/set", &[], &[], |_| false, HOLD),
-            nothing,
-            "the name left the listing and no runner has it"
+            completions.standing("ns/set", &[], &[], |_| false, Duration::ZERO),
+            nothing
         );
         assert!(lock(&completions.sets).is_empty());
     }
@@ -364,7 +392,7 @@ mod tests {
                 match event {
                     Event::Listed(n) => {
                         listed.insert(n);
-                        ledger.listed([format!("r{n}").as_str()]);
+                        ledger.listed([format!("r{n}").as_str()], now);
                     }
                     Event::Left(n) => {
                         left_at.entry(n).or_insert(now);
