@@ -28,6 +28,7 @@ pub async fn run(args: &Args) -> Result<()> {
     let client = kube_client(
         args.k8s_client_rate_limiter_qps,
         args.k8s_client_rate_limiter_burst,
+        args.k8s_client_max_in_flight,
     )
     .await?;
     // Runner teardown gets a client of its own, with a bucket of the same size: deleting a finished runner never
@@ -36,6 +37,7 @@ pub async fn run(args: &Args) -> Result<()> {
     let teardown_client = kube_client(
         args.k8s_client_rate_limiter_qps,
         args.k8s_client_rate_limiter_burst,
+        0,
     )
     .await?;
     let mut options = args.options();

@@ -95,15 +95,24 @@ pub struct Args {
     /// and watch, and a second bucket of the same size for runner teardown alone. ARC's flag of the same name sets
     /// a limit per client-go client, and ARC builds several, so ARC at 20 was seen making about 40 requests/s: to
     /// copy an ARC setting, double it.
-    /// The default (240/s, burst 100) was measured against 200/500 with 500-job bursts (docs/benchmarks.md): the
-    /// smaller burst keeps the first seconds of a burst from crowding out the teardown of runners that finish
-    /// then, and the higher rate gives the budget back.
-    #[arg(long, alias = "kube-api-qps", default_value_t = 240.0)]
+    /// The default (500/s, burst 100) is a ceiling: what keeps a burst from flooding the API server is
+    /// `--k8s-client-max-in-flight`, which adapts to how fast it answers (docs/benchmarks.md).
+    #[arg(long, alias = "kube-api-qps", default_value_t = 500.0)]
     pub k8s_client_rate_limiter_qps: f64,
 
     /// Kubernetes client burst (of each of the two buckets, see the QPS flag).
     #[arg(long, alias = "kube-api-burst", default_value_t = 100)]
     pub k8s_client_rate_limiter_burst: u32,
+
+    /// Most requests of the main client (everything but runner teardown) waiting for the API server's answer at
+    /// once (0: no limit; watches count only until their stream opens). Not in ARC. A rate cannot tell a busy API
+    /// server from an idle one: at 400/s a two-core control plane queued every request, teardown's included (p99
+    /// 4.6–8.6 s from a runner's finish to its removal in 500-job bursts), while 240/s left it idle part of the
+    /// time. With at most 8 requests waiting, the main lane sends as fast as the server answers and no faster:
+    /// 36–42 jobs/s against 33 at 240/s, and the teardown's own requests (its client has no such limit) still
+    /// find a short queue (p99 0.45–1.08 s) (docs/benchmarks.md).
+    #[arg(long, default_value_t = 8)]
+    pub k8s_client_max_in_flight: usize,
 
     /// ARC's workqueue limiter choice (`bucket_rate_limiter` or `typed_rate_limiter`); accepted and validated.
     /// Failed reconciles always back off exponentially per object here.
@@ -283,14 +292,22 @@ impl Args {
     }
 }
 
-/// A Kubernetes client from the environment (in-cluster or kubeconfig), rate limited as the flags say.
-pub async fn kube_client(qps: f64, burst: u32) -> Result<Client> {
+/// A Kubernetes client from the environment (in-cluster or kubeconfig), rate limited as the flags say, with at
+/// most `max_in_flight` requests waiting for answers (0: no limit).
+pub async fn kube_client(qps: f64, burst: u32, max_in_flight: usize) -> Result<Client> {
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::BuildKubeClient(Box::new(kube::Error::InferConfig(e))))?;
     let builder =
         ClientBuilder::try_from(config).map_err(|e| Error::BuildKubeClient(Box::new(e)))?;
-    Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
+    let builder = builder.with_layer(&RateLimitLayer::new(qps, burst));
+    Ok(if max_in_flight > 0 {
+        builder
+            .with_layer(&tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
+            .build()
+    } else {
+        builder.build()
+    })
 }
 
 #[cfg(test)]
@@ -431,9 +448,11 @@ mod tests {
     #[test]
     fn defaults_serve_a_burst() {
         let args = Args::try_parse_from(["manager"]).unwrap();
-        // The measured default (docs/benchmarks.md): far above ARC's 20/30, for 500-runner bursts.
-        assert_eq!(args.k8s_client_rate_limiter_qps, 240.0);
+        // The measured defaults (docs/benchmarks.md): a ceiling far above ARC's 20/30, and the in-flight limit
+        // that keeps a 500-runner burst from queueing the API server.
+        assert_eq!(args.k8s_client_rate_limiter_qps, 500.0);
         assert_eq!(args.k8s_client_rate_limiter_burst, 100);
+        assert_eq!(args.k8s_client_max_in_flight, 8);
         assert!(args.runner_max_concurrent_reconciles >= 32);
         assert_eq!(args.log_level, tracing::Level::DEBUG);
         assert!(args.ignored_flags().is_empty());

@@ -52,6 +52,7 @@ fn a_render_with_every_flag_parses() {
             "excludeLabelPropagationPrefixes": ["argocd.argoproj.io/", "internal.example/"],
             "k8sClientRateLimiterQPS": 50,
             "k8sClientRateLimiterBurst": 75,
+            "k8sClientMaxInFlight": 0,
             "rateLimiter": {"name": "typed_rate_limiter"},
             "healthProbeBindAddress": ":8081"
         },
@@ -67,5 +68,9 @@ fn a_render_with_every_flag_parses() {
     assert_eq!(options.exclude_label_propagation_prefixes.len(), 2);
     assert_eq!(args.k8s_client_rate_limiter_burst, 75);
     assert_eq!(args.k8s_client_rate_limiter_qps, 50.0);
+    assert_eq!(
+        args.k8s_client_max_in_flight, 0,
+        "0 (no limit) is passed, not dropped"
+    );
     assert_eq!(options.listener.metrics_endpoint, "/metrics");
 }

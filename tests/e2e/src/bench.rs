@@ -1203,7 +1203,7 @@ apiserver_request_total{code="504",component="apiserver",dry_run="",group="",res
             // The manager's default, given explicitly: no difference.
             "--runner-max-concurrent-reconciles=64",
             // An alias of --k8s-client-rate-limiter-qps.
-            "--kube-api-qps=500",
+            "--kube-api-qps=400",
         ]);
         let chart = strings(&["--auto-scaling-runner-set-only", "--log-level=debug"]);
         let differences = flag_differences(&here, &chart).expect("both parse");
@@ -1218,7 +1218,7 @@ apiserver_request_total{code="504",component="apiserver",dry_run="",group="",res
         );
         assert_eq!(
             named("--k8s-client-rate-limiter-qps").map(|d| (d.here, d.chart)),
-            Some(("500".to_owned(), "240".to_owned()))
+            Some(("400".to_owned(), "500".to_owned()))
         );
         assert_eq!(
             named("--auto-scaling-runner-set-only").map(|d| (d.here, d.chart)),

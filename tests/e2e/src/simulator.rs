@@ -54,8 +54,13 @@ const START_FAILURE_REASON: &str = "StartError";
 /// How long the runner keeps trying to read its JIT config (the Secret is created before the pod, so only a
 /// lagging read makes this wait at all).
 const JIT_CONFIG_WAIT: Duration = Duration::from_secs(30);
-/// How often a failed status patch is retried (the API server may be briefly overloaded in a burst).
-const STATUS_PATCH_ATTEMPTS: u32 = 5;
+/// How long a failed status patch is retried. A kubelet never gives up on a pod's status while the pod exists;
+/// the simulator gives up only after far longer than an API server restart or a burst's overload lasts (a chaos
+/// run restarts kube-apiserver once, and five attempts over two seconds once left a finished pod `Running` for
+/// good), and then reports the pod broken.
+const STATUS_PATCH_DEADLINE: Duration = Duration::from_secs(120);
+/// The longest wait between two attempts of a status patch.
+const STATUS_PATCH_BACKOFF_CAP: Duration = Duration::from_secs(2);
 
 /// How simulated runner pods behave. Read when a pod is first seen, so a change applies to new pods only.
 #[derive(Debug, Clone)]
@@ -666,9 +671,10 @@ impl PodRunner {
     }
 
     async fn patch_status(&self, status: Value) -> Result<(), Stop> {
-        let mut attempt = 0;
+        let deadline = tokio::time::Instant::now() + STATUS_PATCH_DEADLINE;
+        let mut attempt: u32 = 0;
         loop {
-            attempt += 1;
+            attempt = attempt.saturating_add(1);
             match self
                 .pods
                 .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&status))
@@ -679,10 +685,15 @@ impl PodRunner {
                 Err(kube::Error::Api(response)) if response.code == 404 => {
                     return Err(Stop::Deleted);
                 }
-                Err(error) if attempt >= STATUS_PATCH_ATTEMPTS => {
-                    return Err(Stop::Broken(format!("patching the pod status: {error}")));
+                Err(error) if tokio::time::Instant::now() >= deadline => {
+                    return Err(Stop::Broken(format!(
+                        "patching the pod status ({attempt} attempts): {error}"
+                    )));
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await,
+                Err(_) => {
+                    let backoff = Duration::from_millis(200 * u64::from(attempt));
+                    tokio::time::sleep(backoff.min(STATUS_PATCH_BACKOFF_CAP)).await;
+                }
             }
         }
     }
