@@ -141,6 +141,8 @@ enum StepKind {
 /// A status patch that failed and is tried again later.
 struct PendingRunnerPatch {
     runner: String,
+    /// The registration the job started on.
+    runner_id: i64,
     patch: serde_json::Value,
     attempts: u32,
 }
@@ -459,7 +461,11 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 );
                 continue;
             }
-            started.push((job.runner_name.clone(), runner_job_status_patch(job)));
+            started.push((
+                job.runner_name.clone(),
+                job.runner_id,
+                runner_job_status_patch(job),
+            ));
         }
         for job in message.completed() {
             if let Some(m) = &self.metrics {
@@ -486,23 +492,23 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
 
     /// Writes the job fields of the runners that started jobs, [`RUNNER_PATCH_CONCURRENCY`] at a time (a batch
     /// may hold 50 starts). Transient failures are retried in place; what still fails is queued for later.
-    async fn patch_started_runners(&mut self, started: Vec<(String, serde_json::Value)>) {
+    async fn patch_started_runners(&mut self, started: Vec<(String, i64, serde_json::Value)>) {
         let settings = &self.settings;
         let target = &self.target;
-        let results: Vec<(String, serde_json::Value, Result<RunnerPatched>)> =
+        let results: Vec<(String, i64, serde_json::Value, Result<RunnerPatched>)> =
             stream::iter(started)
-                .map(|(runner, patch)| async move {
+                .map(|(runner, runner_id, patch)| async move {
                     let result =
                         retry_transient(settings, "patch the EphemeralRunner status", || {
-                            target.patch_runner_status(&runner, &patch)
+                            target.patch_runner_status(&runner, runner_id, &patch)
                         })
                         .await;
-                    (runner, patch, result)
+                    (runner, runner_id, patch, result)
                 })
                 .buffer_unordered(RUNNER_PATCH_CONCURRENCY)
                 .collect()
                 .await;
-        for (runner, patch, result) in results {
+        for (runner, runner_id, patch, result) in results {
             match result {
                 Ok(RunnerPatched::Patched) => {
                     tracing::info!(runner = %runner, "EphemeralRunner status updated")
@@ -510,11 +516,15 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 Ok(RunnerPatched::NotFound) => {
                     tracing::info!(runner = %runner, "EphemeralRunner not found; skipping its status update");
                 }
+                Ok(RunnerPatched::OtherRegistration) => {
+                    tracing::info!(runner = %runner, runner_id, "the EphemeralRunner has registered again since this job started on it; its job fields are not written");
+                }
                 Err(error) => {
                     tracing::warn!(error = %error_chain(&error), runner = %runner, "EphemeralRunner status update failed; will retry");
                     self.record_error(&error);
                     self.pending_runner_patches.push(PendingRunnerPatch {
                         runner,
+                        runner_id,
                         patch,
                         attempts: 1,
                     });
@@ -552,7 +562,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         for mut item in pending {
             match self
                 .target
-                .patch_runner_status(&item.runner, &item.patch)
+                .patch_runner_status(&item.runner, item.runner_id, &item.patch)
                 .await
             {
                 Ok(_) => {

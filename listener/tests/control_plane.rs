@@ -310,6 +310,99 @@ async fn job_started_patches_the_ephemeral_runner_status() {
     running.stop().await;
 }
 
+/// Records registration `runner_id` (and phase Running) on EphemeralRunner `name`, as the manager does.
+async fn record_registration(ctx: &TestContext, name: &str, runner_id: i64) {
+    ctx.api::<EphemeralRunner>()
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"status": {"runnerId": runner_id, "runnerName": name, "phase": "Running"}}),
+            ),
+        )
+        .await
+        .expect("status recorded");
+}
+
+/// Starts a job on the fake runner `name` (already online) and returns its request id.
+async fn start_job_on(fake: &FakeActionsService, scale_set_id: i64, name: &str) -> i64 {
+    let job = enqueue(fake, scale_set_id, 1)[0];
+    let assigned = eventually(WAIT, || {
+        fake.state().job(job).unwrap().runner_name.as_deref() == Some(name)
+    })
+    .await;
+    assert!(assigned, "{:?}", fake.state().job(job));
+    fake.state().start_job(job).unwrap();
+    job
+}
+
+#[tokio::test]
+async fn a_job_that_started_on_an_earlier_registration_is_not_written() {
+    let ctx = context("listener-registration").await;
+    let fake = FakeActionsService::start(fake_config()).await.unwrap();
+    let id = create_scale_set(&fake, "linux").await;
+    let config_url = format!("{}/{ORG}", fake.base_url());
+    create_runner_set(&ctx, &config_url, id).await;
+    for name in ["runner-a", "runner-b", "runner-c"] {
+        create_runner(&ctx, name, &config_url, id).await;
+    }
+    let running = Running::start(&ctx, &config_json(&fake, &ctx.namespace, id, 0, 10)).await;
+    let runners = ctx.api::<EphemeralRunner>();
+    let job_of = |name: &'static str| {
+        let runners = runners.clone();
+        async move {
+            runners
+                .get(name)
+                .await
+                .ok()
+                .and_then(|runner| runner.status)
+                .map_or(0, |status| status.job_request_id)
+        }
+    };
+
+    // runner-a's job started on a registration it no longer has (its pod was taken away and it registered
+    // again before the listener heard of the job): not written, or the idle runner would look busy for good.
+    let old = online_runner(&fake, id, "runner-a").await;
+    record_registration(&ctx, "runner-a", old + 1000).await;
+    start_job_on(&fake, id, "runner-a").await;
+    // runner-b's job started on the registration it records: written.
+    let current = online_runner(&fake, id, "runner-b").await;
+    record_registration(&ctx, "runner-b", current).await;
+    let job_b = start_job_on(&fake, id, "runner-b").await;
+    // runner-c's status exists but records no registration yet (the manager's record of it is late): written.
+    ctx.api::<EphemeralRunner>()
+        .patch_status(
+            "runner-c",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"phase": "Pending"}})),
+        )
+        .await
+        .expect("status");
+    online_runner(&fake, id, "runner-c").await;
+    let job_c = start_job_on(&fake, id, "runner-c").await;
+
+    let written = eventually_async(WAIT, || async {
+        job_of("runner-b").await == job_b && job_of("runner-c").await == job_c
+    })
+    .await;
+    assert!(written, "the jobs of runner-b and runner-c are written");
+    // Messages are handled in order: runner-a's came first.
+    assert_eq!(
+        job_of("runner-a").await,
+        0,
+        "runner-a's stale job is not written"
+    );
+    let a = runners.get("runner-a").await.unwrap().status.unwrap();
+    assert_eq!(
+        (a.runner_id, a.phase.as_str()),
+        (old + 1000, "Running"),
+        "the manager's fields are untouched"
+    );
+    let c = runners.get("runner-c").await.unwrap().status.unwrap();
+    assert_eq!(c.phase, "Pending", "a guarded write keeps the other fields");
+    running.stop().await;
+}
+
 #[tokio::test]
 async fn metrics_and_health_endpoints() {
     let ctx = context("listener-metrics").await;

@@ -264,7 +264,12 @@ impl RunnerSetTarget for RecordingTarget {
         })
     }
 
-    async fn patch_runner_status(&self, name: &str, patch: &Value) -> Result<RunnerPatched, Error> {
+    async fn patch_runner_status(
+        &self,
+        name: &str,
+        _runner_id: i64,
+        patch: &Value,
+    ) -> Result<RunnerPatched, Error> {
         self.with(|r| {
             if r.fail_runner_patches > 0 {
                 r.fail_runner_patches -= 1;
