@@ -25,9 +25,10 @@ pub enum RunnerPatched {
     Patched,
     /// The runner no longer exists (it finished and was deleted): nothing to do.
     NotFound,
-    /// The runner has registered again since the job started on it (its pod was taken away while the listener
-    /// had not yet heard of the job): the job is not on the runner as it is now, so its fields are not written.
-    /// Written anyway, they would make an idle runner look busy for good: never scaled down, never replaced.
+    /// The runner does not record the registration the job started on: not yet (the manager records it a moment
+    /// after creating the pod; tried again later), or no longer (it registered again since: its pod was taken away
+    /// before the listener heard of the job). Written anyway, another registration's job would make an idle runner
+    /// look busy for good: never scaled down, never replaced.
     OtherRegistration,
 }
 
@@ -68,8 +69,8 @@ pub trait RunnerSetTarget: Send + Sync {
     ) -> impl Future<Output = Result<RunnerSetPatched>> + Send;
 
     /// Writes `fields` (a job's, [`crate::scaling::runner_job_status_patch`]) into the status of EphemeralRunner
-    /// `name`, if the runner still runs under registration `runner_id` (the one the job started on) or records
-    /// none yet; 0 writes them whatever the runner records.
+    /// `name` if it records registration `runner_id` (the one the job started on); 0 writes them whatever the
+    /// runner records.
     fn patch_runner_status(
         &self,
         name: &str,
@@ -126,106 +127,56 @@ impl RunnerSetTarget for KubeTarget {
         runner_id: i64,
         fields: &Value,
     ) -> Result<RunnerPatched> {
-        let attempts: Vec<Patch<Value>> = if runner_id == 0 {
+        let patch: Patch<Value> = if runner_id == 0 {
             // No registration to check the runner against: a merge patch, as ARC writes them.
-            vec![Patch::Merge(fields.clone())]
+            Patch::Merge(fields.clone())
         } else {
-            job_fields_guards(runner_id)
-                .into_iter()
-                .map(|guard| Patch::Json(job_fields_patch(guard, fields)))
-                .collect()
+            Patch::Json(job_fields_patch(runner_id, fields))
         };
-        for patch in attempts {
-            match self
-                .runners
-                .patch_status(name, &Self::params(), &patch)
-                .await
-            {
-                Ok(_) => return Ok(RunnerPatched::Patched),
-                Err(kube::Error::Api(status)) if status.code == 404 => {
-                    return Ok(RunnerPatched::NotFound);
-                }
-                // The guard did not hold: try the next one.
-                Err(kube::Error::Api(status)) if status.code == 422 => {}
-                Err(source) => {
-                    return Err(Error::PatchEphemeralRunner {
-                        namespace: self.namespace.clone(),
-                        name: name.to_owned(),
-                        source,
-                    });
-                }
+        match self
+            .runners
+            .patch_status(name, &Self::params(), &patch)
+            .await
+        {
+            Ok(_) => Ok(RunnerPatched::Patched),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(RunnerPatched::NotFound),
+            // The `test` did not hold (a runner with no status yet fails it too).
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                Ok(RunnerPatched::OtherRegistration)
             }
+            Err(source) => Err(Error::PatchEphemeralRunner {
+                namespace: self.namespace.clone(),
+                name: name.to_owned(),
+                source,
+            }),
         }
-        Ok(RunnerPatched::OtherRegistration)
     }
 }
 
-/// What a job-fields write requires of the runner's recorded registration (`status.runnerId`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Guard {
-    /// This registration (0: one forgotten, no registration recorded).
-    Is(i64),
-    /// No registration recorded: the field is absent.
-    Absent,
-    /// No status at all yet.
-    NoStatus,
-}
-
-/// The guards to try in turn for a job that started on registration `runner_id`: the API server checks each
-/// (a JSON patch `test`) in the same request as the write, so no read is needed, and the listener's RBAC has no
-/// `get`. The first is the usual case (the manager records a registration before its pod can take a job); the
-/// others cover a job that started before the manager's record of it landed.
-pub fn job_fields_guards(runner_id: i64) -> Vec<Guard> {
-    vec![
-        Guard::Is(runner_id),
-        Guard::Absent,
-        Guard::Is(0),
-        Guard::NoStatus,
-    ]
-}
-
-/// The JSON patch writing the job `fields` (`{"status": {...}}`) under `guard`. A `test` of a missing member
-/// against `null` holds on the API server (its JSON patch library's reading), which is how absence is tested.
-pub fn job_fields_patch(guard: Guard, fields: &Value) -> json_patch::Patch {
+/// The JSON patch writing the job `fields` (`{"status": {...}}`) into a runner's status if it records registration
+/// `runner_id`: a `test` the API server checks in the same request as the write, so no read is needed (the
+/// listener's RBAC has no `get`).
+pub fn job_fields_patch(runner_id: i64, fields: &Value) -> json_patch::Patch {
+    let path = |p: &str| p.parse::<PointerBuf>().unwrap_or_default();
     let status = fields
         .get("status")
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let path = |p: &str| p.parse::<PointerBuf>().unwrap_or_default();
-    let test = |p: &str, value: Value| {
-        PatchOperation::Test(TestOperation {
-            path: path(p),
-            value,
-        })
-    };
-    let add = |p: &str, value: Value| {
-        PatchOperation::Add(AddOperation {
-            path: path(p),
-            value,
-        })
-    };
-    let operations = match guard {
-        // Only here is `/status` itself written: it does not exist.
-        Guard::NoStatus => vec![
-            test("/status", Value::Null),
-            add("/status", Value::Object(status)),
-        ],
-        Guard::Is(_) | Guard::Absent => {
-            let expected = match guard {
-                Guard::Is(id) => Value::from(id),
-                _ => Value::Null,
-            };
-            std::iter::once(test("/status/runnerId", expected))
-                .chain(
-                    status
-                        .into_iter()
-                        .map(|(key, value)| add(&format!("/status/{key}"), value)),
-                )
-                .collect()
-        }
-    };
-    json_patch::Patch(operations)
+    let test = PatchOperation::Test(TestOperation {
+        path: path("/status/runnerId"),
+        value: Value::from(runner_id),
+    });
+    json_patch::Patch(
+        std::iter::once(test)
+            .chain(status.into_iter().map(|(key, value)| {
+                PatchOperation::Add(AddOperation {
+                    path: path(&format!("/status/{key}")),
+                    value,
+                })
+            }))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -236,7 +187,7 @@ mod tests {
     #[test]
     fn a_guarded_write_tests_the_registration_then_adds_each_field() {
         let fields = json!({"status": {"jobRequestId": 7, "jobDisplayName": "build"}});
-        let patch = serde_json::to_value(job_fields_patch(Guard::Is(42), &fields)).unwrap();
+        let patch = serde_json::to_value(job_fields_patch(42, &fields)).unwrap();
         assert_eq!(
             patch,
             json!([
@@ -244,28 +195,6 @@ mod tests {
                 {"op": "add", "path": "/status/jobDisplayName", "value": "build"},
                 {"op": "add", "path": "/status/jobRequestId", "value": 7},
             ])
-        );
-        let absent = serde_json::to_value(job_fields_patch(Guard::Absent, &fields)).unwrap();
-        assert_eq!(
-            absent[0],
-            json!({"op": "test", "path": "/status/runnerId", "value": null})
-        );
-        // Only a status that does not exist is written whole.
-        let none = serde_json::to_value(job_fields_patch(Guard::NoStatus, &fields)).unwrap();
-        assert_eq!(
-            none,
-            json!([
-                {"op": "test", "path": "/status", "value": null},
-                {"op": "add", "path": "/status", "value": {"jobDisplayName": "build", "jobRequestId": 7}},
-            ])
-        );
-    }
-
-    #[test]
-    fn the_registration_the_job_started_on_is_tried_first() {
-        assert_eq!(
-            job_fields_guards(5),
-            [Guard::Is(5), Guard::Absent, Guard::Is(0), Guard::NoStatus]
         );
     }
 }

@@ -336,6 +336,16 @@ async fn run(prefix: &str, credentials: &Credentials, log_format: &str) -> Run {
         .await
         .expect("JIT config");
     let jit_config = jit.encoded_jit_config.expose_secret().to_owned();
+    // What the controller records once the runner's pod exists: the registration its job will start on.
+    let registration = jit.runner.as_ref().expect("runner").id;
+    ctx.api::<EphemeralRunner>()
+        .patch_status(
+            RUNNER,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"runnerId": registration}})),
+        )
+        .await
+        .expect("registration recorded");
     state
         .mark_runner_online(&RunnerSelector {
             runner_id: None,
