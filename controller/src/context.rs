@@ -343,6 +343,9 @@ pub struct RunnerMemory {
     /// The runner as this manager's last status write left it, by uid, until the watch brings an event that shows
     /// the write (see [`RunnerMemory::wrote`]).
     written: Mutex<HashMap<String, Written>>,
+    /// When this manager created the runner's pod, by runner uid, until the pod cache shows one (see
+    /// [`RunnerMemory::created_pod`]).
+    pods_created: Mutex<HashMap<String, Instant>>,
     /// What was done for a runner that cannot need doing again, by runner uid. Kept past the runner's deletion
     /// event (a pass that began just before it may still run once more on the cached copy), for the last
     /// [`ENDINGS_KEPT`] runners: forgetting one only repeats a call whose answer is "already done".
@@ -536,8 +539,41 @@ impl RunnerMemory {
             .and_then(|entry| entry.copy.clone())
     }
 
+    /// Records that this manager created a pod for runner `uid` (the API server answered 201).
+    pub fn created_pod(&self, uid: &str) {
+        lock(&self.pods_created).insert(uid.to_owned(), Instant::now());
+    }
+
+    /// How long a pass that finds no pod in the cache should wait for the watch to bring the one this manager
+    /// created for runner `uid`, if it created one less than `expect_for` ago; `pod_cached` clears the record.
+    /// An expectation cleared by the watch: with the runner's identity recorded before its pod, the status
+    /// write's own event starts a pass before the pod's does, which would otherwise read the Secret and the pod
+    /// from the API server to learn what this process already knows (1.2 reads per job in a 500-job burst). The
+    /// clock only bounds the wait: past it, the pass reads as before.
+    pub fn awaiting_pod(
+        &self,
+        uid: &str,
+        pod_cached: bool,
+        expect_for: Duration,
+    ) -> Option<Duration> {
+        let mut created = lock(&self.pods_created);
+        if pod_cached {
+            created.remove(uid);
+            return None;
+        }
+        let left = created
+            .get(uid)
+            .and_then(|at| expect_for.checked_sub(at.elapsed()))
+            .filter(|left| !left.is_zero());
+        if left.is_none() {
+            created.remove(uid);
+        }
+        left
+    }
+
     /// Forgets runner `uid` (deleted), but for its endings (see [`RunnerMemory::deregistered`]).
     pub fn forget(&self, uid: &str) {
+        lock(&self.pods_created).remove(uid);
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
         lock(&self.written).remove(uid);
@@ -547,6 +583,37 @@ impl RunnerMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_created_pod_is_awaited_until_the_cache_shows_it_or_the_wait_is_over() {
+        let memory = RunnerMemory::default();
+        let long = Duration::from_secs(10);
+        assert_eq!(
+            memory.awaiting_pod("a", false, long),
+            None,
+            "nothing created"
+        );
+        memory.created_pod("a");
+        assert!(
+            memory
+                .awaiting_pod("a", false, long)
+                .is_some_and(|left| left <= long)
+        );
+        // The cache shows it: the record goes.
+        assert_eq!(memory.awaiting_pod("a", true, long), None);
+        assert_eq!(memory.awaiting_pod("a", false, long), None);
+        // Never shown: past the wait the pass reads as before.
+        memory.created_pod("b");
+        assert_eq!(memory.awaiting_pod("b", false, Duration::ZERO), None);
+        assert_eq!(
+            memory.awaiting_pod("b", false, long),
+            None,
+            "the record went"
+        );
+        memory.created_pod("c");
+        memory.forget("c");
+        assert_eq!(memory.awaiting_pod("c", false, long), None);
+    }
 
     #[test]
     fn event_notes_fit_the_api_servers_limit() {

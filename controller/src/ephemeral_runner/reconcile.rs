@@ -78,6 +78,9 @@ pub const POD_DELETED_EVENT: &str = "RunnerPodDeleted";
 const STUCK_TERMINATING_SLACK: Duration = Duration::from_secs(30);
 /// Retry after the service said a runner name exists and then that it does not (its own eventual consistency).
 const SERVICE_RETRY: Duration = Duration::from_secs(1);
+/// How long a pass waits for the watch to bring a pod this process created before reading from the API server
+/// instead ([`crate::context::RunnerMemory::awaiting_pod`]): far longer than the watch takes in a burst.
+const POD_CREATED_EXPECTATION: Duration = Duration::from_secs(10);
 /// Upper bound of decision steps in one pass ([`super::lifecycle`]'s property tests show passes end sooner).
 const MAX_STEPS: usize = 16;
 
@@ -129,6 +132,13 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
         // The teardown lane's ([`teardown`]), also once its deletion of the pod reached the cache before the
         // runner's own deletion did: a busy runner without a pod would otherwise look interrupted.
         return Ok(Action::await_change());
+    }
+    if let Some(wait) =
+        ctx.runner_memory
+            .awaiting_pod(&step.uid, pod.is_some(), POD_CREATED_EXPECTATION)
+    {
+        // The pod this process just created is on its way to the cache; its event brings the runner back.
+        return Ok(Action::requeue(wait));
     }
     let mut facts = step.initial_facts(pod.as_deref());
     let mut identity = step.recorded_identity();
@@ -920,26 +930,24 @@ impl<'a> Step<'a> {
                     .await;
             }
         };
+        // One status write, before the pod exists: the identity and phase Pending (the API server makes every
+        // new pod Pending), clearing a quota, admission or deletion message from earlier attempts. Before, not
+        // after: the runner can take a job only once its pod runs, so the listener, which writes a job's fields
+        // only under the registration the job started on, always finds it recorded (written after the pod, it
+        // lagged the job's start for half the runners of a 500-job burst). Until it lands, the deregistration
+        // falls back to the Secret.
+        let mut patch = StatusPatch::default();
+        self.record_identity(identity, &mut patch);
+        let status = self.status();
+        if status.phase != phase::PENDING || status.ready || !status.reason.is_empty() {
+            patch.phase = Some(RunnerPhase::Pending);
+            patch.ready = Some(false);
+            patch.explain(String::new(), String::new());
+        }
+        self.patch_status(&patch).await?;
         match self.pods.create(&PostParams::default(), &pod).await {
-            Ok(created) => {
-                // One status write: the identity (the deregistration falls back to the Secret until it is
-                // there) and the new pod's phase, which the next pass would otherwise write on its own; a
-                // quota, admission or deletion message from earlier attempts is cleared with it.
-                let mut patch = StatusPatch::default();
-                self.record_identity(identity, &mut patch);
-                let status = self.status();
-                // The API server sets every new pod Pending.
-                let created = CachedPod::from(created);
-                let pod_phase = match super::policy::pod_phase(&created) {
-                    "" => phase::PENDING,
-                    other => other,
-                };
-                if status.phase != pod_phase || status.ready || !status.reason.is_empty() {
-                    patch.phase = Some(RunnerPhase::of_pod(pod_phase));
-                    patch.ready = Some(false);
-                    patch.explain(String::new(), String::new());
-                }
-                self.patch_status(&patch).await?;
+            Ok(_) => {
+                self.ctx.runner_memory.created_pod(&self.uid);
                 Ok(Action::requeue(self.ctx.options.resync_interval))
             }
             Err(error) if classify_create_error(&error) == CreateRejection::AlreadyExists => {
