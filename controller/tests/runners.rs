@@ -483,6 +483,10 @@ async fn a_quota_rejection_is_retried_not_counted() {
     );
     assert!(status.failures.is_empty());
     assert_ne!(status.phase, "Failed");
+    assert_eq!(
+        status.runner_id, 0,
+        "the registration recorded before the refused pod is removed, and forgotten with it"
+    );
     assert!(env.pods().await.is_empty());
 
     quotas

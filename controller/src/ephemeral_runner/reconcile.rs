@@ -1003,7 +1003,7 @@ impl<'a> Step<'a> {
                 .await?;
             delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         }
-        self.pod_rejected(class, message).await
+        self.pod_rejected(class, message, identity.is_some()).await
     }
 
     fn count_rejection(&self, reason: &'static str) {
@@ -1016,12 +1016,18 @@ impl<'a> Step<'a> {
 
     /// A quota or admission check refused the pod: not the runner's fault, so not counted; retried (dry first)
     /// until the cluster admits it (ARC deleted the runner after 10 minutes of quota, which lost its place).
-    async fn pod_rejected(&self, class: &'static str, message: String) -> Result<Action> {
+    /// `recorded_now`: this pass recorded an identity before the refused creation (the copy in hand predates it).
+    async fn pod_rejected(
+        &self,
+        class: &'static str,
+        message: String,
+        recorded_now: bool,
+    ) -> Result<Action> {
         self.count_rejection(class);
         let status = self.status();
         let message = format!("Failed to create the pod: {message}");
         let mut patch = StatusPatch::default();
-        if status.runner_id != 0 {
+        if status.runner_id != 0 || recorded_now {
             patch.forget_identity();
         }
         if status.reason != reason::POD_CREATION_REJECTED || status.message != message {
