@@ -642,16 +642,20 @@ async fn a_first_attempt_learns_of_a_leftover_secret_and_replaces_it() {
     manager.stop().await;
 }
 
+/// Waits until set "arc" has exactly `count` runners, all registered, and returns them.
+async fn registered(env: &Env, count: usize) -> Vec<EphemeralRunner> {
+    env.eventually("the set's runners registered", || async {
+        let runners = env.runners().await;
+        (runners.len() == count && registered_runners(&runners) == count).then_some(runners)
+    })
+    .await
+}
+
 /// Brings a set to two registered runners with pods running, lets the first finish a job (with the listener's job
 /// fields when `reported`, then its pod exits 0) and waits until it is gone. Returns the finished runner's name.
 async fn one_of_two_runners_finishes_a_job(env: &Env, reported: bool) -> String {
     env.create_set("arc", 2, 1).await;
-    let runners = env
-        .eventually("two registered runners", || async {
-            let runners = env.runners().await;
-            (runners.len() == 2 && registered_runners(&runners) == 2).then_some(runners)
-        })
-        .await;
+    let runners = registered(env, 2).await;
     for runner in &runners {
         env.run_pod(&runner.name_any()).await;
     }
@@ -737,12 +741,7 @@ async fn a_runner_whose_job_is_over_fills_no_place_while_it_is_still_there() {
     options.completion_hold = Duration::from_secs(300);
     let manager = env.start(options);
     env.create_set("arc", 1, 1).await;
-    let runners = env
-        .eventually("a registered runner", || async {
-            let runners = env.runners().await;
-            (runners.len() == 1 && registered_runners(&runners) == 1).then_some(runners)
-        })
-        .await;
+    let runners = registered(&env, 1).await;
     let first = runners[0].name_any();
     env.run_pod(&first).await;
     env.report_job(&first, "job-1").await;

@@ -279,13 +279,7 @@ async fn job_started_patches_the_ephemeral_runner_status() {
     // The manager records the registration a moment after creating the pod, before the runner can take a job.
     let registration = online_runner(&fake, id, "runner-a").await;
     record_registration(&ctx, "runner-a", registration).await;
-    let job = enqueue(&fake, id, 1)[0];
-    let assigned = eventually(WAIT, || {
-        fake.state().job(job).unwrap().runner_name.as_deref() == Some("runner-a")
-    })
-    .await;
-    assert!(assigned, "{:?}", fake.state().job(job));
-    fake.state().start_job(job).unwrap();
+    let job = start_job_on(&fake, id, "runner-a").await;
     let view = fake.state().job(job).unwrap();
 
     let runners = ctx.api::<EphemeralRunner>();

@@ -299,16 +299,15 @@ impl<'a> SetStep<'a> {
         // The listing is recorded on every pass, acted upon or not: a runner listed now may leave later.
         let listed = listing(self.set.annotations());
         // The runners counted as holding a place, and whether each one's pod succeeded (its teardown may lag).
-        let counted: Vec<(String, bool)> = census
+        let counted: Vec<(&str, bool)> = census
             .counted()
             .map(|runner| {
                 let succeeded = in_teardown(runner, self.pod_of(runner).as_deref());
-                (runner.name_any(), succeeded)
+                (
+                    runner.metadata.name.as_deref().unwrap_or_default(),
+                    succeeded,
+                )
             })
-            .collect();
-        let counted: Vec<(&str, bool)> = counted
-            .iter()
-            .map(|(name, succeeded)| (name.as_str(), *succeeded))
             .collect();
         // Built only when the set has a ledger to prune.
         let present = OnceCell::new();

@@ -178,6 +178,13 @@ pub struct Places {
     pub finishing: usize,
 }
 
+impl Places {
+    /// How many of the runners `census` counts still serve a job the target counts, or wait for one.
+    fn serving(&self, census: &Census) -> usize {
+        census.total().saturating_sub(self.finishing)
+    }
+}
+
 /// The patch-ID protocol (docs/reference/controllers.md, "The patch-ID protocol"): `patch_id` 0 is
 /// authoritative (scale both ways); a positive one only scales up, once (see [`already_applied`]). Held places
 /// ([`Places::held`]) are not filled, and never make a scale-down remove more; finishing runners
@@ -193,7 +200,7 @@ pub fn plan(
         return ScalePlan::AlreadyApplied;
     }
     let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
-    let serving = census.total().saturating_sub(places.finishing);
+    let serving = places.serving(census);
     if serving.saturating_add(places.held) < replicas {
         ScalePlan::Create(replicas - serving - places.held)
     } else if patch_id == 0 && serving > replicas {
@@ -207,8 +214,9 @@ pub fn plan(
 /// patch is not recorded as acted upon, so it is served again once they are released.
 pub fn places_held(replicas: i64, census: &Census, places: Places) -> usize {
     let replicas = usize::try_from(replicas.max(0)).unwrap_or(usize::MAX);
-    let serving = census.total().saturating_sub(places.finishing);
-    places.held.min(replicas.saturating_sub(serving))
+    places
+        .held
+        .min(replicas.saturating_sub(places.serving(census)))
 }
 
 /// Runners made from another template than the set's current one (`hash`, compared with each runner's
