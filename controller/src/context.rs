@@ -346,6 +346,10 @@ pub struct RunnerMemory {
     /// When this manager created the runner's pod, by runner uid, until the pod cache shows one (see
     /// [`RunnerMemory::created_pod`]).
     pods_created: Mutex<HashMap<String, Instant>>,
+    /// Registrations whose pod this manager failed to create (an error, not a refusal), by runner uid: the
+    /// registration's id and the error, until a pod is created or the cache shows one (see
+    /// [`RunnerMemory::pod_not_created`]).
+    pods_not_created: Mutex<HashMap<String, NotCreated>>,
     /// What was done for a runner that cannot need doing again, by runner uid. Kept past the runner's deletion
     /// event (a pass that began just before it may still run once more on the cached copy), for the last
     /// [`ENDINGS_KEPT`] runners: forgetting one only repeats a call whose answer is "already done".
@@ -359,6 +363,14 @@ struct Written {
     /// [`owned_status_digest`] of the last event (kept for every runner, so a digest and not the fields).
     seen: Option<u64>,
     copy: Option<Arc<EphemeralRunner>>,
+}
+
+/// A pod creation that failed with an error (see [`RunnerMemory::pod_not_created`]).
+#[derive(Debug, Clone)]
+struct NotCreated {
+    runner_id: i64,
+    error: String,
+    reported: bool,
 }
 
 /// A digest of the status fields only the EphemeralRunner controller writes (phase, ready, reason, message,
@@ -542,6 +554,38 @@ impl RunnerMemory {
     /// Records that this manager created a pod for runner `uid` (the API server answered 201).
     pub fn created_pod(&self, uid: &str) {
         lock(&self.pods_created).insert(uid.to_owned(), Instant::now());
+        lock(&self.pods_not_created).remove(uid);
+    }
+
+    /// Records that creating the pod of registration `runner_id` of runner `uid` failed with `error`, which was
+    /// not a refusal (the API server or the network failed the request). The registration is still discarded
+    /// as one whose pod is gone (a request that failed may still have made the pod), but the report can say what
+    /// happened, and the next attempt tries the pod in dry-run mode before registering again.
+    pub fn pod_not_created(&self, uid: &str, runner_id: i64, error: String) {
+        lock(&self.pods_not_created).insert(
+            uid.to_owned(),
+            NotCreated {
+                runner_id,
+                error,
+                reported: false,
+            },
+        );
+    }
+
+    /// The error that kept registration `runner_id` of runner `uid` from its pod, once: the first call reports it.
+    pub fn report_not_created(&self, uid: &str, runner_id: i64) -> Option<String> {
+        lock(&self.pods_not_created)
+            .get_mut(uid)
+            .filter(|failed| failed.runner_id == runner_id && !failed.reported)
+            .map(|failed| {
+                failed.reported = true;
+                failed.error.clone()
+            })
+    }
+
+    /// Whether the last pod creation for runner `uid` failed (no pod was created since).
+    pub fn pod_creation_failed(&self, uid: &str) -> bool {
+        lock(&self.pods_not_created).contains_key(uid)
     }
 
     /// How long a pass that finds no pod in the cache should wait for the watch to bring the one this manager
@@ -559,6 +603,8 @@ impl RunnerMemory {
         let mut created = lock(&self.pods_created);
         if pod_cached {
             created.remove(uid);
+            // A request that failed had made the pod after all: nothing failed to report.
+            lock(&self.pods_not_created).remove(uid);
             return None;
         }
         let left = created
@@ -574,6 +620,7 @@ impl RunnerMemory {
     /// Forgets runner `uid` (deleted), but for its endings (see [`RunnerMemory::deregistered`]).
     pub fn forget(&self, uid: &str) {
         lock(&self.pods_created).remove(uid);
+        lock(&self.pods_not_created).remove(uid);
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
         lock(&self.written).remove(uid);
@@ -583,6 +630,32 @@ impl RunnerMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_that_was_not_created_is_reported_once_for_its_registration_until_a_pod_is() {
+        let memory = RunnerMemory::default();
+        memory.pod_not_created("a", 7, "boom".to_owned());
+        assert!(memory.pod_creation_failed("a"));
+        assert_eq!(
+            memory.report_not_created("a", 8),
+            None,
+            "another registration"
+        );
+        assert_eq!(memory.report_not_created("a", 7).as_deref(), Some("boom"));
+        assert_eq!(memory.report_not_created("a", 7), None, "reported once");
+        assert!(
+            memory.pod_creation_failed("a"),
+            "dry runs until a pod is made"
+        );
+        memory.created_pod("a");
+        assert!(!memory.pod_creation_failed("a"));
+        memory.pod_not_created("a", 9, "timed out".to_owned());
+        memory.awaiting_pod("a", true, Duration::from_secs(10));
+        assert!(
+            !memory.pod_creation_failed("a"),
+            "the cache shows a pod: the failed request made it after all"
+        );
+    }
 
     #[test]
     fn a_created_pod_is_awaited_until_the_cache_shows_it_or_the_wait_is_over() {

@@ -110,7 +110,7 @@ pub struct Metrics {
     /// `evicted`, `preempted`, `node_lost`, `node_rejected` or `disrupted`.
     pub pod_disruptions: Family<RunnerReasonLabels, Counter>,
     /// `gha_controller_runner_pod_rejections_total`: pod creations the API server refused; reason `quota`,
-    /// `forbidden` or `invalid`.
+    /// `forbidden` or `invalid`, or `error` for a creation that failed and whose registration was discarded.
     pub pod_rejections: Family<RunnerReasonLabels, Counter>,
     /// `gha_controller_runner_retries_exhausted_total`: runners given up after too many pod failures.
     pub retries_exhausted: Family<RunnerLabels, Counter>,
@@ -189,7 +189,7 @@ impl Metrics {
         );
         gha.register(
             "runner_pod_rejections",
-            "Runner pod creations refused by the API server, by reason.",
+            "Runner pod creations refused by the API server (or failed, reason error), by reason.",
             metrics.pod_rejections.clone(),
         );
         gha.register(

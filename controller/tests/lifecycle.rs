@@ -444,3 +444,101 @@ async fn a_pod_stuck_terminating_does_not_hold_the_runners_place() {
         .expect("release the pod");
     manager.stop().await;
 }
+
+/// A pod creation the API server fails (here an admission webhook it cannot reach, failing closed: a 500, not a
+/// refusal) after the runner registered: the registration is discarded, reported as a creation that failed (not
+/// as a pod that was deleted), and no new registration is made until a dry run of the pod passes, so a webhook
+/// that stays down costs the service nothing. Once the webhook is gone, the runner gets its pod.
+#[tokio::test]
+async fn a_pod_creation_that_fails_is_reported_as_such_and_registers_nothing_until_a_dry_run_passes()
+ {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use kube::api::PostParams;
+
+    let env = Env::new("lc-post-fails").await;
+    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(env.ctx.client.clone());
+    let webhook_name = format!("{}-unreachable", env.ctx.namespace);
+    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": webhook_name},
+        "webhooks": [{
+            "name": "unreachable.arc-rs.test",
+            // Nothing listens on port 1: every call fails, and failurePolicy Fail turns that into a 500.
+            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.ctx.namespace}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 2,
+        }],
+    }))
+    .expect("webhook");
+    webhooks
+        .create(&PostParams::default(), &webhook)
+        .await
+        .expect("create the webhook");
+    // The API server takes up a new webhook a moment later: wait until a dry-run pod fails through it.
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "example.com/probe"}]},
+    }))
+    .expect("probe pod");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    env.eventually("the webhook in force", || async {
+        match env.pods_api().create(&dry_run, &probe).await {
+            Err(kube::Error::Api(status)) if status.code == 500 => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    env.create_set("arc", 1, 0).await;
+    let manager = env.start(env.options());
+
+    let name = env
+        .eventually("the runner", || async {
+            env.runners().await.first().map(ResourceExt::name_any)
+        })
+        .await;
+    env.eventually("an Event saying the pod could not be created", || async {
+        event_reasons(&env, &name)
+            .await
+            .contains(controller::ephemeral_runner::POD_CREATION_FAILED_EVENT)
+            .then_some(())
+    })
+    .await;
+    // Passes keep trying while the webhook is down: in dry-run mode, so nothing more is registered.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert_eq!(
+        env.fake.state().count("generate_jit_config"),
+        1,
+        "only the registration whose pod failed"
+    );
+    assert!(
+        env.registered().is_empty(),
+        "the registration whose pod failed was removed"
+    );
+    let reasons = event_reasons(&env, &name).await;
+    assert!(
+        !reasons.contains(controller::ephemeral_runner::POD_DELETED_EVENT),
+        "a pod that was never made is not reported as deleted: {reasons:?}"
+    );
+    assert!(env.pods().await.is_empty());
+
+    webhooks
+        .delete(&webhook_name, &DeleteParams::default())
+        .await
+        .expect("delete the webhook");
+    env.eventually("the runner's pod, once the webhook is gone", || async {
+        env.pods_api().get_opt(&name).await.ok().flatten()
+    })
+    .await;
+    env.eventually("the runner registered again", || async {
+        let runner = env.runners_api().get(&name).await.ok()?;
+        (runner_id(&runner) != 0).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}

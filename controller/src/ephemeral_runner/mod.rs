@@ -20,7 +20,9 @@ use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
 pub use cache::{prune_cached_pod, prune_cached_runner};
-pub use reconcile::{POD_DELETED_EVENT, POD_DELETED_REASON, in_teardown};
+pub use reconcile::{
+    POD_CREATION_FAILED_EVENT, POD_DELETED_EVENT, POD_DELETED_REASON, in_teardown,
+};
 
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;

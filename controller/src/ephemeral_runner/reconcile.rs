@@ -72,6 +72,8 @@ const RUNNER_FINALIZERS: [&str; 2] = [
 pub const POD_DELETED_REASON: &str = "PodDeleted";
 /// Event reason when a runner's pod was deleted or evicted by someone else.
 pub const POD_DELETED_EVENT: &str = "RunnerPodDeleted";
+/// Event reason when creating a runner's pod failed with an error (not a refusal) and its registration went.
+pub const POD_CREATION_FAILED_EVENT: &str = "RunnerPodCreationFailed";
 /// How long past its deletion deadline a pod may stay before its runner gives up the place: the kubelet stops the
 /// containers by the deadline and then reports; a pod still there this long after has no kubelet looking after it
 /// (a lost node), and the set needs the capacity elsewhere.
@@ -373,7 +375,10 @@ impl<'a> Step<'a> {
             service_busy: false,
             registered: status.runner_id != 0,
             backoff: self.pod_backoff(),
-            rejected: status.reason == reason::POD_CREATION_REJECTED,
+            // A refusal recorded in the status, or a creation that failed in this process: either way the next
+            // registration waits for a dry run the cluster admits.
+            rejected: status.reason == reason::POD_CREATION_REJECTED
+                || self.ctx.runner_memory.pod_creation_failed(&self.uid),
             dry_run_passed: false,
             pod: match pod {
                 None => PodFact::NotCached,
@@ -750,7 +755,23 @@ impl<'a> Step<'a> {
             return Ok(removal);
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
-        if self.status().runner_id != 0 {
+        if let Some(error) = self
+            .ctx
+            .runner_memory
+            .report_not_created(&self.uid, runner_id)
+        {
+            self.count_rejection("error");
+            self.event(
+                EventType::Warning,
+                POD_CREATION_FAILED_EVENT,
+                "CreatePod",
+                format!(
+                    "the pod of runner {runner_id} could not be created ({error}); its registration was removed, \
+                     and a new one follows once a dry run of the pod passes"
+                ),
+            )
+            .await;
+        } else if self.status().runner_id != 0 {
             self.report_pod_taken(runner_id, "is gone").await;
         }
         Ok(Removal::Removed)
@@ -988,6 +1009,13 @@ impl<'a> Step<'a> {
             CreateRejection::Quota(message) => ("quota", message),
             CreateRejection::Forbidden(message) => ("forbidden", message),
             CreateRejection::AlreadyExists | CreateRejection::Other => {
+                if let Some(identity) = identity {
+                    self.ctx.runner_memory.pod_not_created(
+                        &self.uid,
+                        identity.runner_id,
+                        error.to_string(),
+                    );
+                }
                 return Err(Error::CreateObject {
                     kind: Pod::kind(&()),
                     namespace: self.namespace.clone(),

@@ -35,6 +35,10 @@ use janitor::{Janitor, Scope};
 
 /// How long the node may take to register and turn Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How many times a kubelet that exits before its node is Ready is started again.
+const KUBELET_START_RESTARTS: u32 = 2;
+/// How long before a kubelet that exited is started again.
+const KUBELET_RESTART_DELAY: Duration = Duration::from_secs(1);
 /// How long teardown waits for the last traces (the watchdogs' delayed kills) to go.
 const TEARDOWN_SETTLE: Duration = Duration::from_secs(15);
 /// Host directories the kubelet or containerd create outside the node's directory whatever they are told.
@@ -559,6 +563,7 @@ impl RealNode {
     async fn wait_ready(&mut self) -> Result<(), Error> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let deadline = Instant::now() + READY_TIMEOUT;
+        let mut restarts = 0;
         loop {
             let ready = nodes
                 .get_opt(&self.name)
@@ -576,6 +581,28 @@ impl RealNode {
                 return Ok(());
             }
             let exited = self.exited_components();
+            if restarts < KUBELET_START_RESTARTS
+                && exited.len() == 1
+                && let Some(index) = self
+                    .processes
+                    .iter_mut()
+                    .position(|p| p.name() == "kubelet" && p.exited().is_some())
+            {
+                // A node's service manager restarts a kubelet that exits (the kubelet's systemd unit has
+                // `Restart=always`); once seen in CI, a kubelet failed to move its pod-resources socket into place
+                // at start-up, before any of the project's code ran. Said loudly, so a kubelet that keeps failing
+                // is still visible: after the restarts, the start fails with its log.
+                restarts += 1;
+                eprintln!(
+                    "real node {}: {}\nrestarting the kubelet ({restarts} of {KUBELET_START_RESTARTS}), as the node's \
+                     service manager would",
+                    self.name, exited[0]
+                );
+                self.processes.remove(index).stop();
+                tokio::time::sleep(KUBELET_RESTART_DELAY).await;
+                self.spawn_kubelet()?;
+                continue;
+            }
             if !exited.is_empty() || Instant::now() >= deadline {
                 return Err(Error::NotReady {
                     component: "kubelet".to_owned(),
