@@ -10,12 +10,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
+# Free space where the run writes (the target directory, the temp directory of every control plane and node, the
+# cache of provisioned binaries): a test that fails for want of disk then says how much there was.
+disk() {
+  local target="${CARGO_TARGET_DIR:-target}"
+  mkdir -p "$target"
+  echo "disk ($1):"
+  df -hP "$target" "${TMPDIR:-/tmp}" "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null | awk 'NR == 1 || !seen[$1]++'
+}
 
 if [ "${CI:-}" = true ]; then
   # CI builds once, in a fresh clone: incremental compilation's caches (several GB for this workspace) would only
   # be written, never read.
   export CARGO_INCREMENTAL=0
 fi
+
+disk "at the start"
 
 step "control-plane binaries (tests/env/provision.sh)"
 KUBEBUILDER_ASSETS="$(tests/env/provision.sh | tail -n 1)"
@@ -52,6 +62,7 @@ cargo test --workspace --locked --no-run
 # would rebuild dependencies).
 waiting_lane=(cargo test --workspace --locked --no-fail-fast --test real_node --test served)
 "${waiting_lane[@]}" --no-run
+disk "after the build"
 waiting_log="$(mktemp)"
 "${waiting_lane[@]}" "$@" >"$waiting_log" 2>&1 &
 waiting_pid=$!
@@ -62,6 +73,7 @@ wait "$waiting_pid" || waiting=1
 step "cargo test: the waiting lane (real-node tier, served conditions)"
 cat "$waiting_log"
 rm -f "$waiting_log"
+disk "after the tests"
 if [ "$tests" != 0 ] || [ "$waiting" != 0 ]; then
   echo "error: tests failed (workspace lane: $tests, waiting lane: $waiting; 0 = passed)" >&2
   exit 1

@@ -373,6 +373,13 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
         .problems
         .extend(checks::no_false_interruptions(&world).await?);
     report.problems.extend(world.simulator.problems());
+    let sample = match (runners.sample(), world.simulator.samples()) {
+        (Some(runner), (Some(pod), Some(secret))) => {
+            crate::lifecycle_baseline::Sample::from_run(&runner, &pod, &secret)
+        }
+        _ => crate::lifecycle_baseline::Sample::minimal(),
+    }
+    .map_err(|e| Error::Invariant(format!("a baseline object: {e}")))?;
     runners.stop();
 
     // The baseline runs alone: the manager and the listener stop first.
@@ -390,9 +397,14 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
         report.ratio_to_write_bound = report.jobs_per_sec / report.write_bound_jobs_per_sec;
     }
     let namespace = test_harness::create_namespace(&world.client(), "bench-lifecycle").await?;
-    report.lifecycle_baseline =
-        crate::lifecycle_baseline::run(&world.client(), &namespace, objects, BASELINE_WRITERS)
-            .await?;
+    report.lifecycle_baseline = crate::lifecycle_baseline::run(
+        &world.client(),
+        &namespace,
+        objects,
+        BASELINE_WRITERS,
+        &sample,
+    )
+    .await?;
     if report.lifecycle_baseline.runners_per_sec > 0.0 {
         report.ratio_to_lifecycle = report.jobs_per_sec / report.lifecycle_baseline.runners_per_sec;
     }
@@ -664,6 +676,8 @@ struct RunnerState {
     /// When the watch first showed each runner with a deletion timestamp.
     deletion_requested: HashMap<String, Instant>,
     deleted: HashMap<String, Instant>,
+    /// The first runner seen, as the API server gave it (see [`crate::lifecycle_baseline::Sample`]).
+    sample: Option<EphemeralRunner>,
 }
 
 impl RunnerWatch {
@@ -677,6 +691,9 @@ impl RunnerWatch {
                 let mut state = shared.lock().unwrap_or_else(|p| p.into_inner());
                 match event {
                     Ok(watcher::Event::Apply(er) | watcher::Event::InitApply(er)) => {
+                        if state.sample.is_none() {
+                            state.sample = Some(er.clone());
+                        }
                         let name = er.name_any();
                         if er.metadata.deletion_timestamp.is_some() {
                             state
@@ -713,6 +730,10 @@ impl RunnerWatch {
 
     pub(crate) fn deleted(&self) -> HashMap<String, Instant> {
         self.lock().deleted.clone()
+    }
+
+    pub(crate) fn sample(&self) -> Option<EphemeralRunner> {
+        self.lock().sample.clone()
     }
 
     pub(crate) fn deletion_requested(&self) -> HashMap<String, Instant> {

@@ -1,20 +1,25 @@
 //! The lifecycle baseline of `e2e-bench`: how fast this API server lets runners live and go when nothing decides
 //! anything. A minimal driver takes each runner through the writes a runner's life costs in this design (docs/
 //! benchmarks.md lists them), with no controller logic, no Actions Service and no waiting for watch events, while
-//! two watches (runners and pods) stand in for the manager's, so every write pays its watch fan-out as in a real
-//! run. The benchmark reports its throughput as a fraction of this, and its burst → pods against this one's.
+//! the same watches as in a measured run are open (the manager's on runners, runner pods and listener pods, the
+//! simulated kubelet's on runner pods, the bench's own on runners), so every write pays the watch fan-out it pays
+//! there. The benchmark reports its throughput as a fraction of this, and its burst → pods against this one's.
 //!
 //! One runner, in order: EphemeralRunner POST (with both finalizers), JIT Secret POST, pod POST, the runner's
-//! status with its identity and `Pending`; the kubelet's pod status `Running`, the runner's status `Running`, the
-//! listener's job fields, the job metadata on the pod; the kubelet's pod status `Succeeded`; then the runner's
-//! DELETE, the pod's and the Secret's, and the finalizers' removal: 14 writes.
+//! status with its identity and `Pending`; the kubelet's read of the Secret and its pod status `Running`, the
+//! runner's status `Running`, the listener's job fields, the job metadata on the pod; the kubelet's pod status
+//! `Succeeded`; then the runner's DELETE, the pod's and the Secret's, and the finalizers' removal: 14 writes and
+//! the kubelet's one read.
 
 use std::time::{Duration, Instant};
 
 use crds::EphemeralRunner;
-use crds::constants::{EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER};
+use crds::constants::{
+    COMPONENT_LABEL, COMPONENT_LISTENER, EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_LABEL,
+    EPHEMERAL_RUNNER_LABEL_VALUE, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
+};
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -26,6 +31,126 @@ use crate::{Error, Result};
 
 /// Writes of one runner's life in the baseline.
 pub const WRITES_PER_RUNNER: usize = 14;
+
+/// The objects every baseline runner is a copy of. From a measured run: its first runner, pod and JIT Secret as
+/// the API server gave them (the user's template in the runner's spec, the pod the manager builds from it, the
+/// service's JIT config), so each write in the baseline costs what it costs in the run: a CRD status write
+/// decodes, validates and fans out the whole runner. Stripped of what the API server or the run added (identity,
+/// owners, status, managed fields, the service-account token volume admission adds again), renamed per copy.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    runner: serde_json::Value,
+    secret: serde_json::Value,
+    pod: serde_json::Value,
+    /// The name in the sampled objects (runner, Secret and pod share it), replaced by each copy's own.
+    name: String,
+    /// Whether the objects came from a measured run (or are [`Sample::minimal`]).
+    pub from_run: bool,
+}
+
+impl Sample {
+    /// Objects as small as a scale set makes them (no run to copy).
+    pub fn minimal() -> serde_json::Result<Self> {
+        let (runner, secret, pod) = sample_objects("x")?;
+        Ok(Self {
+            runner: serde_json::to_value(runner)?,
+            secret: serde_json::to_value(secret)?,
+            pod: serde_json::to_value(pod)?,
+            name: "x".to_owned(),
+            from_run: false,
+        })
+    }
+
+    /// The objects of one runner of a measured run.
+    pub fn from_run(
+        runner: &EphemeralRunner,
+        pod: &Pod,
+        secret: &Secret,
+    ) -> serde_json::Result<Self> {
+        let name = runner.metadata.name.clone().unwrap_or_default();
+        let mut pod = serde_json::to_value(pod)?;
+        strip_token_volume(&mut pod["spec"]);
+        if let Some(spec) = pod["spec"].as_object_mut() {
+            // Set by the scheduler, and by admission from the priority class (which refuses a pod that brings
+            // its own).
+            for field in ["nodeName", "priority"] {
+                spec.remove(field);
+            }
+        }
+        Ok(Self {
+            runner: serde_json::to_value(runner)?,
+            secret: serde_json::to_value(secret)?,
+            pod,
+            name,
+            from_run: true,
+        })
+    }
+
+    /// Copies named `name`, ready to create.
+    pub fn copies(&self, name: &str) -> serde_json::Result<(EphemeralRunner, Secret, Pod)> {
+        let copy = |object: &serde_json::Value| {
+            let mut object = object.clone();
+            rename(&mut object, &self.name, name);
+            if let Some(fields) = object.as_object_mut() {
+                fields.remove("status");
+            }
+            let meta = &object["metadata"];
+            let kept = json!({
+                "name": name,
+                "labels": meta.get("labels"),
+                "annotations": meta.get("annotations"),
+            });
+            object["metadata"] = kept;
+            object
+        };
+        Ok((
+            serde_json::from_value(copy(&self.runner))?,
+            serde_json::from_value(copy(&self.secret))?,
+            serde_json::from_value(copy(&self.pod))?,
+        ))
+    }
+
+    /// Sizes in bytes of a copy's JSON: runner, Secret, pod.
+    pub fn sizes(&self) -> serde_json::Result<[usize; 3]> {
+        let (runner, secret, pod) = self.copies(&self.name)?;
+        Ok([
+            serde_json::to_vec(&runner)?.len(),
+            serde_json::to_vec(&secret)?.len(),
+            serde_json::to_vec(&pod)?.len(),
+        ])
+    }
+}
+
+/// Replaces every string equal to `from` in `value` with `to`.
+fn rename(value: &mut serde_json::Value, from: &str, to: &str) {
+    match value {
+        serde_json::Value::String(s) if s == from => *s = to.to_owned(),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| rename(v, from, to)),
+        serde_json::Value::Object(fields) => fields.values_mut().for_each(|v| rename(v, from, to)),
+        _ => {}
+    }
+}
+
+/// Removes the service-account token volume (and its mounts) the API server's admission added to a pod spec:
+/// creating the copy adds it again.
+fn strip_token_volume(spec: &mut serde_json::Value) {
+    const PREFIX: &str = "kube-api-access-";
+    let is_token = |v: &serde_json::Value| {
+        v["name"]
+            .as_str()
+            .is_some_and(|name| name.starts_with(PREFIX))
+    };
+    if let Some(volumes) = spec["volumes"].as_array_mut() {
+        volumes.retain(|v| !is_token(v));
+    }
+    for containers in ["initContainers", "containers"] {
+        for container in spec[containers].as_array_mut().into_iter().flatten() {
+            if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+                mounts.retain(|m| !is_token(m));
+            }
+        }
+    }
+}
 
 /// What the lifecycle baseline measured.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -43,6 +168,10 @@ pub struct LifecycleBaseline {
     pub runners_per_sec: f64,
     /// From the first write until every runner's pod had been created.
     pub all_pods_secs: f64,
+    /// Whether the runners were copies of the measured run's objects ([`Sample`]).
+    pub objects_from_run: bool,
+    /// Sizes in bytes of each runner's, Secret's and pod's JSON as created.
+    pub object_bytes: [usize; 3],
 }
 
 /// Takes `runners` runners through their life in `namespace`, `concurrency` at a time, with two watches open.
@@ -51,16 +180,47 @@ pub async fn run(
     namespace: &str,
     runners: usize,
     concurrency: usize,
+    sample: &Sample,
 ) -> Result<LifecycleBaseline> {
+    // The pods run as the run's did: as the scale set's service account (the chart's no-permission one), which
+    // admission looks up for every pod.
+    let (_, _, sample_pod) = sample
+        .copies("sample")
+        .map_err(|e| Error::Invariant(format!("a baseline object: {e}")))?;
+    if let Some(account) = sample_pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.service_account_name.clone())
+        .filter(|account| account != "default")
+    {
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+        let object: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": account}}))
+            .map_err(|e| Error::Invariant(format!("a service account: {e}")))?;
+        accounts.create(&PostParams::default(), &object).await?;
+    }
     let runner_api: Api<EphemeralRunner> = Api::namespaced(client.clone(), namespace);
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let secret_api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let runner_pods = watcher::Config::default().labels(&format!(
+        "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
+    ));
+    let listener_pods =
+        watcher::Config::default().labels(&format!("{COMPONENT_LABEL}={COMPONENT_LISTENER}"));
     let watches = [
+        // The manager's.
         tokio::spawn(drain(watcher(
             runner_api.clone(),
             watcher::Config::default(),
         ))),
-        tokio::spawn(drain(watcher(pod_api.clone(), watcher::Config::default()))),
+        tokio::spawn(drain(watcher(pod_api.clone(), runner_pods.clone()))),
+        tokio::spawn(drain(watcher(pod_api.clone(), listener_pods))),
+        // The simulated kubelet's.
+        tokio::spawn(drain(watcher(pod_api.clone(), runner_pods))),
+        // The bench's own ([`crate::bench`] follows every runner).
+        tokio::spawn(drain(watcher(
+            runner_api.clone(),
+            watcher::Config::default(),
+        ))),
     ];
     // Let both watches list before the first write.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -81,7 +241,7 @@ pub async fn run(
                             Some(started.elapsed());
                     }
                 };
-                one_life(apis, &name, pod_created).await
+                one_life(apis, sample, &name, pod_created).await
             }
         })
         .buffer_unordered(concurrency.max(1))
@@ -91,7 +251,7 @@ pub async fn run(
     for watch in watches {
         watch.abort();
     }
-    outcome.map_err(Error::from)?;
+    outcome.map_err(|e| Error::Invariant(format!("a lifecycle baseline write failed: {e}")))?;
     let all_pods_secs = all_pods_at
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -103,6 +263,10 @@ pub async fn run(
         secs,
         runners_per_sec: runners as f64 / secs.max(1e-3),
         all_pods_secs,
+        objects_from_run: sample.from_run,
+        object_bytes: sample
+            .sizes()
+            .map_err(|e| Error::Invariant(format!("a baseline object: {e}")))?,
     })
 }
 
@@ -118,12 +282,13 @@ where
 /// One runner's 14 writes, each after the one before.
 async fn one_life(
     (runners, pods, secrets): (&Api<EphemeralRunner>, &Api<Pod>, &Api<Secret>),
+    sample: &Sample,
     name: &str,
     pod_created: impl Fn(),
 ) -> std::result::Result<(), kube::Error> {
     let post = PostParams::default();
     let merge = PatchParams::default();
-    let (mut runner, secret, pod) = sample_objects(name).map_err(kube::Error::SerdeError)?;
+    let (mut runner, secret, pod) = sample.copies(name).map_err(kube::Error::SerdeError)?;
     runner.metadata.finalizers = Some(vec![
         EPHEMERAL_RUNNER_FINALIZER.to_owned(),
         EPHEMERAL_RUNNER_REGISTRATION_FINALIZER.to_owned(),
@@ -140,6 +305,8 @@ async fn one_life(
             &status(json!({"phase": "Pending", "runnerId": 1, "runnerName": name})),
         )
         .await?;
+    // The kubelet reads the Secret for the runner container's environment before it starts it.
+    secrets.get(name).await?;
     pods.patch_status(name, &merge, &Patch::Merge(running_status()))
         .await?;
     runners
@@ -204,8 +371,124 @@ pub(crate) fn sample_objects(name: &str) -> serde_json::Result<(EphemeralRunner,
         "stringData": {"jitToken": "x".repeat(1500), "runnerId": "1"},
     }))?;
     let pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {EPHEMERAL_RUNNER_LABEL: EPHEMERAL_RUNNER_LABEL_VALUE}},
         "spec": {"containers": [{"name": "runner", "image": "runner"}]},
     }))?;
     Ok((runner, secret, pod))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_of_a_runs_objects_keeps_their_content_under_its_own_name_and_nothing_the_server_added()
+     {
+        let runner: EphemeralRunner = serde_json::from_value(json!({
+            "apiVersion": "actions.github.com/v1alpha1",
+            "kind": "EphemeralRunner",
+            "metadata": {
+                "name": "set-abc", "namespace": "ns", "uid": "u1", "resourceVersion": "9",
+                "labels": {"app": "a"}, "annotations": {"note": "n"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "EphemeralRunnerSet", "name": "set", "uid": "u0"}],
+                "managedFields": [{"manager": "m"}],
+                "finalizers": ["f"],
+            },
+            "spec": {
+                "githubConfigUrl": "https://github.com/o",
+                "githubConfigSecret": "s",
+                "runnerScaleSetId": 1,
+                "spec": {"containers": [{"name": "runner", "image": "big"}]},
+            },
+            "status": {"phase": "Running", "runnerId": 5},
+        }))
+        .expect("runner");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "set-abc", "uid": "u2", "labels": {EPHEMERAL_RUNNER_LABEL: EPHEMERAL_RUNNER_LABEL_VALUE}},
+            "spec": {
+                "nodeName": "n1",
+                "containers": [{
+                    "name": "runner", "image": "big",
+                    "env": [{"name": "JIT", "valueFrom": {"secretKeyRef": {"name": "set-abc", "key": "jitToken"}}}],
+                    "volumeMounts": [{"name": "work", "mountPath": "/w"}, {"name": "kube-api-access-x1", "mountPath": "/t"}],
+                }],
+                "volumes": [{"name": "work", "emptyDir": {}}, {"name": "kube-api-access-x1", "projected": {"sources": []}}],
+            },
+            "status": {"phase": "Running"},
+        }))
+        .expect("pod");
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "set-abc", "uid": "u3"},
+            "data": {"jitToken": "YWJj"},
+        }))
+        .expect("secret");
+
+        let sample = Sample::from_run(&runner, &pod, &secret).expect("sample");
+        assert!(sample.from_run);
+        let (runner, secret, pod) = sample.copies("life-7").expect("copies");
+
+        for meta in [&runner.metadata, &secret.metadata, &pod.metadata] {
+            assert_eq!(meta.name.as_deref(), Some("life-7"));
+            assert!(
+                meta.uid.is_none() && meta.resource_version.is_none() && meta.namespace.is_none()
+            );
+            assert!(
+                meta.owner_references.is_none()
+                    && meta.managed_fields.is_none()
+                    && meta.finalizers.is_none()
+            );
+        }
+        assert!(runner.status.is_none() && pod.status.is_none());
+        assert_eq!(
+            runner
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app"))
+                .map(String::as_str),
+            Some("a")
+        );
+        assert_eq!(runner.spec.spec.containers[0].image.as_deref(), Some("big"));
+        let spec = pod.spec.expect("pod spec");
+        assert!(spec.node_name.is_none());
+        let names = |v: &[String]| v.to_vec();
+        assert_eq!(
+            names(
+                &spec
+                    .volumes
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|v| v.name)
+                    .collect::<Vec<_>>()
+            ),
+            ["work"]
+        );
+        let container = &spec.containers[0];
+        assert_eq!(container.volume_mounts.as_ref().map(Vec::len), Some(1));
+        let secret_ref = container
+            .env
+            .as_ref()
+            .and_then(|env| env[0].value_from.as_ref())
+            .and_then(|from| from.secret_key_ref.as_ref())
+            .map(|r| r.name.clone());
+        assert_eq!(
+            secret_ref.as_deref(),
+            Some("life-7"),
+            "the env points at the copy's own Secret"
+        );
+        assert!(
+            secret
+                .data
+                .is_some_and(|data| data.contains_key("jitToken"))
+        );
+    }
+
+    #[test]
+    fn the_minimal_sample_makes_copies_too() {
+        let sample = Sample::minimal().expect("sample");
+        assert!(!sample.from_run);
+        let (runner, _, pod) = sample.copies("life-0").expect("copies");
+        assert_eq!(runner.metadata.name.as_deref(), Some("life-0"));
+        assert_eq!(pod.metadata.name.as_deref(), Some("life-0"));
+    }
 }

@@ -233,6 +233,10 @@ struct Book {
     problems: Vec<String>,
     /// Pod uid → the task's cancellation, while it runs.
     running: HashMap<String, CancellationToken>,
+    /// The first runner pod seen and the first JIT Secret read, as the API server gave them: what the lifecycle
+    /// baseline writes copies of ([`crate::lifecycle_baseline`]).
+    sample_pod: Option<Pod>,
+    sample_secret: Option<Secret>,
 }
 
 struct Shared {
@@ -367,6 +371,12 @@ impl Simulator {
         self.shared.book().problems.clone()
     }
 
+    /// The first runner pod this simulator saw and the first JIT Secret it read.
+    pub fn samples(&self) -> (Option<Pod>, Option<Secret>) {
+        let book = self.shared.book();
+        (book.sample_pod.clone(), book.sample_secret.clone())
+    }
+
     /// Stops watching and abandons every simulated runner where it is.
     pub fn stop(self) {
         self.task.abort();
@@ -410,6 +420,9 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
         let mut book = shared.book();
         if book.pods.contains_key(&uid) {
             return;
+        }
+        if book.sample_pod.is_none() {
+            book.sample_pod = Some(pod.clone());
         }
         // A pod some earlier simulator (or a test) already played is not ours to run.
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -654,6 +667,12 @@ impl PodRunner {
                 .await
                 .ok()
                 .flatten()
+                .inspect(|secret| {
+                    let mut book = self.shared.book();
+                    if book.sample_secret.is_none() {
+                        book.sample_secret = Some(secret.clone());
+                    }
+                })
                 .and_then(|secret| secret.data)
                 .and_then(|mut data| data.remove(&key_ref.key))
                 .and_then(|bytes| String::from_utf8(bytes.0).ok());

@@ -90,12 +90,18 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
         );
     }
     assert_eq!(report.baseline.writes, 20 * 3 * 2);
-    // The lifecycle baseline took as many runners through their 14 writes, with the watches open.
+    // The lifecycle baseline took as many runners through their 14 writes, with the run's watches open...
     assert_eq!(
         report.lifecycle_baseline.writes,
         20 * e2e::lifecycle_baseline::WRITES_PER_RUNNER
     );
     assert!(report.lifecycle_baseline.runners_per_sec > 0.0 && report.ratio_to_lifecycle > 0.0);
+    // ... as copies of the run's own objects, so each write costs what it costs in the run.
+    assert!(
+        report.lifecycle_baseline.objects_from_run,
+        "{:?}",
+        report.lifecycle_baseline
+    );
     // The bookkeeping: the simulated kubelet's status writes are seen and left out of the per-job counts, the
     // teardown backlog is counted, and the flags that differ from the chart's defaults are exactly the ones
     // docs/benchmarks.md names.

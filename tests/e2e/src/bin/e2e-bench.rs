@@ -213,6 +213,17 @@ fn print_report(r: &BenchReport) {
         life.all_pods_secs
     );
     println!(
+        "  its objects              {} (runner {} B, Secret {} B, pod {} B)",
+        if life.objects_from_run {
+            "copies of the run's first runner, Secret and pod"
+        } else {
+            "minimal (the run gave none to copy)"
+        },
+        life.object_bytes[0],
+        life.object_bytes[1],
+        life.object_bytes[2]
+    );
+    println!(
         "against the lifecycle      throughput {:.2} of it; burst -> pods {:.2}x its time to all pods",
         r.ratio_to_lifecycle, r.pods_time_over_lifecycle
     );
