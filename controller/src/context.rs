@@ -350,6 +350,9 @@ pub struct RunnerMemory {
     /// registration's id and the error, until a pod is created or the cache shows one (see
     /// [`RunnerMemory::pod_not_created`]).
     pods_not_created: Mutex<HashMap<String, NotCreated>>,
+    /// Job metadata this manager applied to a pod, by runner uid: the pod's uid and a digest of the metadata,
+    /// until the pod cache shows it (see [`RunnerMemory::applied_job_metadata`]).
+    job_metadata_applied: Mutex<HashMap<String, (String, u64)>>,
     /// What was done for a runner that cannot need doing again, by runner uid. Kept past the runner's deletion
     /// event (a pass that began just before it may still run once more on the cached copy), for the last
     /// [`ENDINGS_KEPT`] runners: forgetting one only repeats a call whose answer is "already done".
@@ -583,6 +586,32 @@ impl RunnerMemory {
             })
     }
 
+    /// Records that the API server accepted job metadata (digest `digest`) on pod `pod_uid` of runner `uid`.
+    pub fn applied_job_metadata(&self, uid: &str, pod_uid: &str, digest: u64) {
+        lock(&self.job_metadata_applied).insert(uid.to_owned(), (pod_uid.to_owned(), digest));
+    }
+
+    /// Whether job metadata `digest` must go onto pod `pod_uid` of runner `uid`, whose cached copy shows it
+    /// (`on_in_cache`) or not. An expectation cleared by the watch: once this manager's apply was accepted, a pass
+    /// on a pod cache that has not caught up yet does not apply it again (0.13 applies per job in a 500-job
+    /// burst); the cache showing it clears the record.
+    pub fn job_metadata_due(
+        &self,
+        uid: &str,
+        pod_uid: &str,
+        digest: u64,
+        on_in_cache: bool,
+    ) -> bool {
+        let mut applied = lock(&self.job_metadata_applied);
+        if on_in_cache {
+            applied.remove(uid);
+            return false;
+        }
+        applied
+            .get(uid)
+            .is_none_or(|(pod, done)| pod != pod_uid || *done != digest)
+    }
+
     /// Whether the last pod creation for runner `uid` failed (no pod was created since).
     pub fn pod_creation_failed(&self, uid: &str) -> bool {
         lock(&self.pods_not_created).contains_key(uid)
@@ -621,6 +650,7 @@ impl RunnerMemory {
     pub fn forget(&self, uid: &str) {
         lock(&self.pods_created).remove(uid);
         lock(&self.pods_not_created).remove(uid);
+        lock(&self.job_metadata_applied).remove(uid);
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
         lock(&self.written).remove(uid);
@@ -654,6 +684,33 @@ mod tests {
         assert!(
             !memory.pod_creation_failed("a"),
             "the cache shows a pod: the failed request made it after all"
+        );
+    }
+
+    #[test]
+    fn job_metadata_accepted_is_not_applied_again_until_the_cache_shows_it_or_it_changes() {
+        let memory = RunnerMemory::default();
+        assert!(
+            memory.job_metadata_due("r", "p1", 1, false),
+            "never applied"
+        );
+        memory.applied_job_metadata("r", "p1", 1);
+        assert!(
+            !memory.job_metadata_due("r", "p1", 1, false),
+            "the cache lags"
+        );
+        assert!(
+            memory.job_metadata_due("r", "p1", 2, false),
+            "other metadata"
+        );
+        assert!(memory.job_metadata_due("r", "p2", 1, false), "another pod");
+        assert!(
+            !memory.job_metadata_due("r", "p1", 1, true),
+            "the cache shows it"
+        );
+        assert!(
+            memory.job_metadata_due("r", "p1", 1, false),
+            "once the cache showed it, a pod without it (labels removed since) gets it again"
         );
     }
 

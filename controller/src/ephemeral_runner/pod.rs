@@ -245,6 +245,14 @@ pub struct JobMetadata {
 }
 
 impl JobMetadata {
+    /// A digest of the metadata, for [`crate::context::RunnerMemory::job_metadata_due`].
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (&self.labels, &self.annotations).hash(&mut hasher);
+        hasher.finish()
+    }
+
     /// Whether `pod` already carries all of it.
     pub fn is_on(&self, pod: &CachedPod) -> bool {
         let has_all = |wanted: &BTreeMap<String, String>,

@@ -1135,7 +1135,12 @@ impl<'a> Step<'a> {
             return Ok(Action::requeue(self.ctx.options.resync_interval));
         }
         if let Some(metadata) = job_metadata(&status)
-            && !metadata.is_on(pod)
+            && self.ctx.runner_memory.job_metadata_due(
+                &self.uid,
+                &pod_uid,
+                metadata.digest(),
+                metadata.is_on(pod),
+            )
             && !self.ended_meanwhile()
         {
             self.apply_job_metadata(&metadata, &pod_uid).await?;
@@ -1192,7 +1197,12 @@ impl<'a> Step<'a> {
             )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.ctx
+                    .runner_memory
+                    .applied_job_metadata(&self.uid, uid, metadata.digest());
+                Ok(())
+            }
             // Gone (404), or the name now belongs to another pod (409): its own pass labels that one.
             Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(()),
             Err(source) => Err(Error::PatchObject {

@@ -397,14 +397,8 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
         report.ratio_to_write_bound = report.jobs_per_sec / report.write_bound_jobs_per_sec;
     }
     let namespace = test_harness::create_namespace(&world.client(), "bench-lifecycle").await?;
-    report.lifecycle_baseline = crate::lifecycle_baseline::run(
-        &world.client(),
-        &namespace,
-        objects,
-        BASELINE_WRITERS,
-        &sample,
-    )
-    .await?;
+    report.lifecycle_baseline =
+        crate::lifecycle_baseline::fastest(&world.client(), &namespace, objects, &sample).await?;
     if report.lifecycle_baseline.runners_per_sec > 0.0 {
         report.ratio_to_lifecycle = report.jobs_per_sec / report.lifecycle_baseline.runners_per_sec;
     }

@@ -213,6 +213,17 @@ fn print_report(r: &BenchReport) {
         life.all_pods_secs
     );
     println!(
+        "  tried                    {}",
+        life.tried
+            .iter()
+            .map(|t| format!(
+                "{} at once: {:.1} runners/s, all pods in {:.2} s",
+                t.concurrency, t.runners_per_sec, t.all_pods_secs
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    println!(
         "  its objects              {} (runner {} B, Secret {} B, pod {} B)",
         if life.objects_from_run {
             "copies of the run's first runner, Secret and pod"
