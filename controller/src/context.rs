@@ -593,7 +593,7 @@ impl RunnerMemory {
 
     /// Whether job metadata `digest` must go onto pod `pod_uid` of runner `uid`, whose cached copy shows it
     /// (`on_in_cache`) or not. An expectation cleared by the watch: once this manager's apply was accepted, a pass
-    /// on a pod cache that has not caught up yet does not apply it again (0.13 applies per job in a 500-job
+    /// on a pod cache that has not caught up yet does not apply it again (0.2–0.45 applies per job in a 500-job
     /// burst); the cache showing it clears the record.
     pub fn job_metadata_due(
         &self,
