@@ -48,8 +48,8 @@ use crate::target::{RunnerPatched, RunnerSetTarget};
 /// batch of 50 one after the other would hold up the next poll).
 const RUNNER_PATCH_CONCURRENCY: usize = 16;
 /// How long a job's fields wait for their runner to record the registration the job started on. The manager
-/// records it a moment after creating the pod, before the runner can take a job, unless it was down then; a
-/// runner that registered again since never will.
+/// records it before it creates the pod, so before the runner can take a job, unless that write failed and is
+/// retried; a runner that registered again since never will.
 const REGISTRATION_WAIT: Duration = Duration::from_secs(60);
 /// The first wait before looking again, doubling up to [`REGISTRATION_RETRY_CAP`].
 const REGISTRATION_RETRY: Duration = Duration::from_secs(1);

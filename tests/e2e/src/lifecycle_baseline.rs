@@ -110,6 +110,13 @@ impl Sample {
         ))
     }
 
+    /// The service account the pod runs as, unless it is the namespace's `default` (which every namespace has).
+    fn service_account(&self) -> Option<&str> {
+        self.pod["spec"]["serviceAccountName"]
+            .as_str()
+            .filter(|account| *account != "default")
+    }
+
     /// Sizes in bytes of a copy's JSON: runner, Secret, pod.
     pub fn sizes(&self) -> serde_json::Result<[usize; 3]> {
         let (runner, secret, pod) = self.copies(&self.name)?;
@@ -198,6 +205,14 @@ pub async fn fastest(
     runners: usize,
     sample: &Sample,
 ) -> Result<LifecycleBaseline> {
+    // The pods run as the run's did: as the scale set's service account (the chart's no-permission one), which
+    // admission looks up for every pod.
+    if let Some(account) = sample.service_account() {
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+        let object: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": account}}))
+            .map_err(|e| Error::Invariant(format!("a service account: {e}")))?;
+        accounts.create(&PostParams::default(), &object).await?;
+    }
     let mut tries = Vec::new();
     for (n, concurrency) in CONCURRENCIES.into_iter().enumerate() {
         tries.push(
@@ -235,7 +250,7 @@ pub async fn fastest(
 
 /// Takes `runners` runners (named `prefix-N`) through their life in `namespace`, `concurrency` at a time, with
 /// the run's watches open.
-pub async fn run(
+async fn run(
     client: &Client,
     namespace: &str,
     prefix: &str,
@@ -243,28 +258,6 @@ pub async fn run(
     concurrency: usize,
     sample: &Sample,
 ) -> Result<LifecycleBaseline> {
-    // The pods run as the run's did: as the scale set's service account (the chart's no-permission one), which
-    // admission looks up for every pod.
-    let (_, _, sample_pod) = sample
-        .copies("sample")
-        .map_err(|e| Error::Invariant(format!("a baseline object: {e}")))?;
-    if let Some(account) = sample_pod
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.service_account_name.clone())
-        .filter(|account| account != "default")
-    {
-        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-        let object: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": account}}))
-            .map_err(|e| Error::Invariant(format!("a service account: {e}")))?;
-        match accounts.create(&PostParams::default(), &object).await {
-            // An earlier try in the same namespace made it.
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            other => {
-                other?;
-            }
-        }
-    }
     let runner_api: Api<EphemeralRunner> = Api::namespaced(client.clone(), namespace);
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let secret_api: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -289,18 +282,22 @@ pub async fn run(
             watcher::Config::default(),
         ))),
     ];
-    // Let both watches list before the first write.
+    // Every runner's objects, made before the clock starts (the driver's own work is not the API server's).
+    let copies = (0..runners)
+        .map(|i| sample.copies(&format!("{prefix}-{i}")))
+        .collect::<serde_json::Result<Vec<_>>>()
+        .map_err(|e| Error::Invariant(format!("a baseline object: {e}")))?;
+    // Let the watches list before the first write.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let started = Instant::now();
     let pods_created = std::sync::atomic::AtomicUsize::new(0);
     let all_pods_at = std::sync::Mutex::new(None::<Duration>);
     let apis = (&runner_api, &pod_api, &secret_api);
-    let outcome: std::result::Result<Vec<()>, kube::Error> = stream::iter(0..runners)
-        .map(|i| {
+    let outcome: std::result::Result<Vec<()>, kube::Error> = stream::iter(copies)
+        .map(|objects| {
             let (pods_created, all_pods_at) = (&pods_created, &all_pods_at);
             async move {
-                let name = format!("{prefix}-{i}");
                 let pod_created = || {
                     let n = pods_created.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                     if n == runners {
@@ -308,7 +305,7 @@ pub async fn run(
                             Some(started.elapsed());
                     }
                 };
-                one_life(apis, sample, &name, pod_created).await
+                one_life(apis, objects, pod_created).await
             }
         })
         .buffer_unordered(concurrency.max(1))
@@ -350,13 +347,13 @@ where
 /// One runner's 14 writes, each after the one before.
 async fn one_life(
     (runners, pods, secrets): (&Api<EphemeralRunner>, &Api<Pod>, &Api<Secret>),
-    sample: &Sample,
-    name: &str,
+    (mut runner, secret, pod): (EphemeralRunner, Secret, Pod),
     pod_created: impl Fn(),
 ) -> std::result::Result<(), kube::Error> {
     let post = PostParams::default();
     let merge = PatchParams::default();
-    let (mut runner, secret, pod) = sample.copies(name).map_err(kube::Error::SerdeError)?;
+    let name = runner.metadata.name.clone().unwrap_or_default();
+    let name = name.as_str();
     runner.metadata.finalizers = Some(vec![
         EPHEMERAL_RUNNER_FINALIZER.to_owned(),
         EPHEMERAL_RUNNER_REGISTRATION_FINALIZER.to_owned(),
