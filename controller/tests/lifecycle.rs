@@ -6,9 +6,11 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::Env;
 use crds::EphemeralRunner;
+use fake_actions_service::{Faults, LatencyFault};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Event, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -376,6 +378,102 @@ async fn a_restarted_listeners_patch_id_equal_to_an_old_one_still_scales() {
             .then_some(())
     })
     .await;
+    manager.stop().await;
+}
+
+/// A job the service reports late for a registration the runner is just giving up (its pod was taken away
+/// mid-job, the listener's `JobStarted` came after) lands on the status between the pass's read and its next
+/// write. The next registration must not inherit it: a runner with a job is never scaled down, and this one's
+/// runner never runs that job, so it would stay forever, idle and registered.
+#[tokio::test]
+async fn a_job_reported_for_a_registration_being_given_up_does_not_stick_to_the_next_one() {
+    let env = Env::new("lc-late-job").await;
+    env.create_set("arc", 1, 0).await;
+    let mut options = env.options();
+    // Room for the held request below, on a machine busy with other tests.
+    options.actions_call_timeout = Duration::from_secs(60);
+    let manager = env.start(options.clone());
+    let (name, _, old_id, _) = one_idle_runner(&env).await;
+
+    // The pod goes while the manager is down (the chaos run kills it every few seconds), so the pass after its
+    // restart finds the pod gone with the registration still recorded, and asks for the next one.
+    manager.stop().await;
+    env.pods_api()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the pod");
+    env.eventually("the pod gone", || async {
+        env.pods_api()
+            .get_opt(&name)
+            .await
+            .expect("get pod")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // Hold the next registration's JIT config request long enough to report the job while it is in flight.
+    let registrations = env.fake.state().count("generate_jit_config");
+    env.fake
+        .state()
+        .set_faults(Faults {
+            latency: vec![LatencyFault {
+                endpoint: Some("generate_jit_config".into()),
+                millis: 10_000,
+            }],
+            ..Faults::default()
+        })
+        .expect("faults");
+    let manager = env.start(options);
+    env.eventually("the next registration requested", || async {
+        (env.fake.state().count("generate_jit_config") > registrations).then_some(())
+    })
+    .await;
+    // The listener's write: the job's fields, only while the status records the registration it started on.
+    let fields = json!({"jobRequestId": 42, "jobId": "job-late", "jobRepositoryName": "org/repo",
+        "jobWorkflowRef": "org/repo/.github/workflows/ci.yml@refs/heads/main", "workflowRunId": 9001,
+        "jobDisplayName": "build"});
+    env.runners_api()
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(crds::registration_guarded_status_patch(
+                old_id,
+                fields.as_object().expect("fields"),
+            )),
+        )
+        .await
+        .expect(
+            "the status still records the registration given up while the next one is requested",
+        );
+    env.fake
+        .state()
+        .set_faults(Faults::default())
+        .expect("clear faults");
+
+    let runner = env
+        .eventually("the next registration recorded", || async {
+            let runner = env.runners_api().get(&name).await.ok()?;
+            let id = runner_id(&runner);
+            (id != 0 && id != old_id).then_some(runner)
+        })
+        .await;
+    let status = runner.status.clone().unwrap_or_default();
+    assert!(
+        !status.has_job() && status.job_request_id == 0 && status.job_display_name.is_empty(),
+        "the next registration inherited the late job: {status:?}"
+    );
+    // And so it scales down like any idle runner (patch id 0: an authoritative count).
+    env.run_pod(&name).await;
+    env.scale("arc", 0, 0).await;
+    env.eventually("the runner removed", || async {
+        env.runners().await.is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        env.registered().is_empty(),
+        "no registration left: {:?}",
+        env.registered()
+    );
     manager.stop().await;
 }
 

@@ -229,6 +229,35 @@ impl EphemeralRunner {
     }
 }
 
+/// A JSON patch writing `fields` (status field name → value) into an EphemeralRunner's status only while the
+/// status records registration `runner_id`. The API server checks the `test` in the same request as the writes,
+/// so a writer whose view is a moment old can neither put one registration's facts (a job) on the next one nor
+/// take them from it. A null value removes its field: added first, then removed, so the patch holds whether the
+/// field is there or not.
+pub fn registration_guarded_status_patch(
+    runner_id: i64,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) -> json_patch::Patch {
+    use json_patch::jsonptr::PointerBuf;
+    use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
+    let path = |field: &str| PointerBuf::from_tokens(["status", field]);
+    let test = PatchOperation::Test(TestOperation {
+        path: path("runnerId"),
+        value: runner_id.into(),
+    });
+    let writes = fields.iter().flat_map(|(field, value)| {
+        let add = PatchOperation::Add(AddOperation {
+            path: path(field),
+            value: value.clone(),
+        });
+        let remove = value
+            .is_null()
+            .then(|| PatchOperation::Remove(RemoveOperation { path: path(field) }));
+        std::iter::once(add).chain(remove)
+    });
+    json_patch::Patch(std::iter::once(test).chain(writes).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,5 +360,41 @@ mod tests {
             .failures
             .insert("c".to_owned(), time("2025-01-01T00:00:20Z"));
         assert_eq!(status.last_failure(), Some(&time("2025-01-01T00:00:30Z")));
+    }
+
+    #[test]
+    fn a_guarded_status_patch_tests_the_registration_then_writes_or_removes_each_field() {
+        let fields =
+            serde_json::json!({"jobRequestId": 7, "jobDisplayName": "build", "jobId": null});
+        let patch = registration_guarded_status_patch(42, fields.as_object().unwrap());
+        assert_eq!(
+            serde_json::to_value(patch).unwrap(),
+            serde_json::json!([
+                {"op": "test", "path": "/status/runnerId", "value": 42},
+                {"op": "add", "path": "/status/jobDisplayName", "value": "build"},
+                {"op": "add", "path": "/status/jobId", "value": null},
+                {"op": "remove", "path": "/status/jobId"},
+                {"op": "add", "path": "/status/jobRequestId", "value": 7},
+            ])
+        );
+    }
+
+    #[test]
+    fn a_guarded_status_patch_removes_a_field_whether_or_not_it_is_there() {
+        let fields = serde_json::json!({"jobId": null, "runnerId": 43});
+        let patch = registration_guarded_status_patch(42, fields.as_object().unwrap());
+        for status in [
+            serde_json::json!({"runnerId": 42}),
+            serde_json::json!({"runnerId": 42, "jobId": "j"}),
+        ] {
+            let mut doc = serde_json::json!({ "status": status });
+            json_patch::patch(&mut doc, &patch).expect("the registration matches");
+            assert_eq!(doc, serde_json::json!({"status": {"runnerId": 43}}));
+        }
+        let mut other = serde_json::json!({"status": {"runnerId": 41, "jobId": "j"}});
+        assert!(
+            json_patch::patch(&mut other, &patch).is_err(),
+            "another registration's status is left alone"
+        );
     }
 }

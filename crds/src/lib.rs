@@ -29,7 +29,9 @@ pub use autoscaling_listener::{
 pub use autoscaling_runner_set::{
     AutoscalingRunnerSet, AutoscalingRunnerSetSpec, AutoscalingRunnerSetStatus,
 };
-pub use ephemeral_runner::{EphemeralRunner, EphemeralRunnerSpec, EphemeralRunnerStatus};
+pub use ephemeral_runner::{
+    EphemeralRunner, EphemeralRunnerSpec, EphemeralRunnerStatus, registration_guarded_status_patch,
+};
 pub use ephemeral_runner_set::{
     EphemeralRunnerSet, EphemeralRunnerSetSpec, EphemeralRunnerSetStatus,
 };

@@ -10,9 +10,6 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::Value;
 
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation, TestOperation};
-
 use crate::error::{Error, Result};
 
 /// Field manager of the listener's patches; never shared with the controller.
@@ -157,26 +154,12 @@ impl RunnerSetTarget for KubeTarget {
 /// `runner_id`: a `test` the API server checks in the same request as the write, so no read is needed (the
 /// listener's RBAC has no `get`).
 pub fn job_fields_patch(runner_id: i64, fields: &Value) -> json_patch::Patch {
-    let path = |p: &str| p.parse::<PointerBuf>().unwrap_or_default();
     let status = fields
         .get("status")
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let test = PatchOperation::Test(TestOperation {
-        path: path("/status/runnerId"),
-        value: Value::from(runner_id),
-    });
-    json_patch::Patch(
-        std::iter::once(test)
-            .chain(status.into_iter().map(|(key, value)| {
-                PatchOperation::Add(AddOperation {
-                    path: path(&format!("/status/{key}")),
-                    value,
-                })
-            }))
-            .collect(),
-    )
+    crds::registration_guarded_status_patch(runner_id, &status)
 }
 
 #[cfg(test)]

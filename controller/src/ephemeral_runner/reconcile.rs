@@ -40,7 +40,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::lifecycle::{Facts, Next, PodFact, RunnerFact, SecretFact, decide};
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
@@ -285,8 +285,9 @@ impl RunnerPhase {
     }
 }
 
-/// A merge patch of the EphemeralRunner status fields this controller owns. `None` leaves a field alone;
-/// `Some(None)` removes it.
+/// A patch of the EphemeralRunner status fields this controller owns. `None` leaves a field alone; `Some(None)`
+/// removes it. Sent as a merge patch, unless it moves the runner off a registration (see
+/// [`StatusPatch::leave_registration`]).
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct StatusPatch {
@@ -304,6 +305,22 @@ struct StatusPatch {
     runner_name: Option<Option<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     failures: Option<BTreeMap<String, Time>>,
+    // The job fields are the listener's; this controller only removes them, with the registration they came with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job_request_id: Option<Option<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job_id: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job_repository_name: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job_workflow_ref: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workflow_run_id: Option<Option<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job_display_name: Option<Option<String>>,
+    /// The registration the status records now, which this write moves the runner off.
+    #[serde(skip)]
+    leaves: Option<i64>,
 }
 
 impl StatusPatch {
@@ -315,6 +332,7 @@ impl StatusPatch {
             && self.runner_id.is_none()
             && self.runner_name.is_none()
             && self.failures.is_none()
+            && self.leaves.is_none()
     }
 
     /// Sets `reason` and `message`, removing each when empty.
@@ -324,10 +342,43 @@ impl StatusPatch {
         self.message = Some(or_none(message));
     }
 
-    /// Removes the recorded registration.
-    fn forget_identity(&mut self) {
+    /// Removes registration `recorded`, the one the status records (0: none).
+    fn forget_identity(&mut self, recorded: i64) {
         self.runner_id = Some(None);
         self.runner_name = Some(None);
+        self.leave_registration(recorded);
+    }
+
+    /// Moves the runner off registration `recorded` (0: none): the job fields go with it, and the write holds only
+    /// while the status still records it. The listener writes a job's fields only while the status records the
+    /// registration the job started on, and may do so between this pass's read and its write (a JobStarted
+    /// reported late, of a runner whose pod was taken away mid-job): a plain merge patch would carry that job
+    /// over to the next registration, whose runner never runs it, and a runner with a job is never scaled down.
+    fn leave_registration(&mut self, recorded: i64) {
+        if recorded == 0 {
+            return;
+        }
+        self.leaves = Some(recorded);
+        self.job_request_id = Some(None);
+        self.job_id = Some(None);
+        self.job_repository_name = Some(None);
+        self.job_workflow_ref = Some(None);
+        self.workflow_run_id = Some(None);
+        self.job_display_name = Some(None);
+    }
+
+    /// The request: a merge patch, or the registration-guarded JSON patch when the write leaves one.
+    fn to_patch(&self) -> Result<Patch<Value>> {
+        let body = serde_json::to_value(self).map_err(|source| Error::Serialize {
+            what: "the EphemeralRunner status patch",
+            source,
+        })?;
+        Ok(match (self.leaves, body) {
+            (Some(recorded), Value::Object(fields)) => {
+                Patch::Json(crds::registration_guarded_status_patch(recorded, &fields))
+            }
+            (_, body) => Patch::Merge(json!({ "status": body })),
+        })
     }
 }
 
@@ -514,11 +565,7 @@ impl<'a> Step<'a> {
             ..PatchParams::default()
         };
         self.api
-            .patch_status(
-                &self.name,
-                &params,
-                &Patch::Merge(json!({ "status": patch })),
-            )
+            .patch_status(&self.name, &params, &patch.to_patch()?)
             .await
             .map(|mut written| {
                 // Cached the way the watch caches it.
@@ -789,7 +836,7 @@ impl<'a> Step<'a> {
             ready: Some(false),
             ..StatusPatch::default()
         };
-        patch.forget_identity();
+        patch.forget_identity(self.status().runner_id);
         patch.explain(
             POD_DELETED_REASON.to_owned(),
             "the runner pod is being deleted; a new pod follows once it is gone".to_owned(),
@@ -868,6 +915,9 @@ impl<'a> Step<'a> {
         if status.runner_id != identity.runner_id || status.runner_name != identity.runner_name {
             patch.runner_id = Some(Some(identity.runner_id));
             patch.runner_name = Some(Some(identity.runner_name.clone()));
+            if status.runner_id != identity.runner_id {
+                patch.leave_registration(status.runner_id);
+            }
         }
     }
 
@@ -1031,7 +1081,8 @@ impl<'a> Step<'a> {
                 .await?;
             delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         }
-        self.pod_rejected(class, message, identity.is_some()).await
+        self.pod_rejected(class, message, identity.map(|identity| identity.runner_id))
+            .await
     }
 
     fn count_rejection(&self, reason: &'static str) {
@@ -1044,19 +1095,21 @@ impl<'a> Step<'a> {
 
     /// A quota or admission check refused the pod: not the runner's fault, so not counted; retried (dry first)
     /// until the cluster admits it (ARC deleted the runner after 10 minutes of quota, which lost its place).
-    /// `recorded_now`: this pass recorded an identity before the refused creation (the copy in hand predates it).
+    /// `recorded_now`: the registration this pass recorded before the refused creation (the copy in hand
+    /// predates it).
     async fn pod_rejected(
         &self,
         class: &'static str,
         message: String,
-        recorded_now: bool,
+        recorded_now: Option<i64>,
     ) -> Result<Action> {
         self.count_rejection(class);
         let status = self.status();
         let message = format!("Failed to create the pod: {message}");
         let mut patch = StatusPatch::default();
-        if status.runner_id != 0 || recorded_now {
-            patch.forget_identity();
+        let recorded = recorded_now.unwrap_or(status.runner_id);
+        if recorded != 0 {
+            patch.forget_identity(recorded);
         }
         if status.reason != reason::POD_CREATION_REJECTED || status.message != message {
             self.event(
@@ -1323,7 +1376,7 @@ impl<'a> Step<'a> {
             ..StatusPatch::default()
         };
         patch.explain(failure.reason.clone(), failure.message.clone());
-        patch.forget_identity();
+        patch.forget_identity(self.status().runner_id);
         let delay = if failure.counted {
             patch.failures = Some([(pod_uid, Time(Timestamp::now()))].into());
             self.ctx
@@ -1626,11 +1679,47 @@ mod tests {
             ready: Some(false),
             ..StatusPatch::default()
         };
-        patch.forget_identity();
+        patch.forget_identity(0);
         patch.explain("PodDeleted".to_owned(), String::new());
         assert_eq!(
             serde_json::to_value(&patch).unwrap(),
             json!({ "ready": false, "runnerId": null, "runnerName": null, "reason": "PodDeleted", "message": null })
         );
+        assert!(matches!(patch.to_patch().unwrap(), Patch::Merge(_)));
+    }
+
+    #[test]
+    fn leaving_a_registration_takes_its_job_and_holds_only_while_it_is_recorded() {
+        let mut patch = StatusPatch {
+            runner_id: Some(Some(8)),
+            runner_name: Some(Some("arc-runner".to_owned())),
+            ..StatusPatch::default()
+        };
+        patch.leave_registration(7);
+        assert!(!patch.is_empty());
+        let Patch::Json(ops) = patch.to_patch().unwrap() else {
+            panic!("a registration-guarded JSON patch");
+        };
+        let busy_under_7 = json!({"status": {"runnerId": 7, "runnerName": "arc-runner", "jobId": "j",
+            "jobRequestId": 3, "jobRepositoryName": "o/r", "jobWorkflowRef": "o/r/w@main", "workflowRunId": 9,
+            "jobDisplayName": "build"}});
+        let mut doc = busy_under_7.clone();
+        json_patch::patch(&mut doc, &ops).expect("the status records 7");
+        assert_eq!(
+            doc,
+            json!({"status": {"runnerId": 8, "runnerName": "arc-runner"}})
+        );
+        let mut already_moved = json!({"status": {"runnerId": 8, "jobId": "k"}});
+        assert!(
+            json_patch::patch(&mut already_moved, &ops).is_err(),
+            "a job of the next registration is not taken"
+        );
+        // Nothing recorded: nothing to guard, and no job could have been written under a registration.
+        let mut first = StatusPatch {
+            runner_id: Some(Some(8)),
+            ..StatusPatch::default()
+        };
+        first.leave_registration(0);
+        assert!(matches!(first.to_patch().unwrap(), Patch::Merge(_)));
     }
 }

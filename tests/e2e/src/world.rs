@@ -629,6 +629,80 @@ impl World {
         }
         out.push_str(&format!("executor errors: {:?}\n", self.executor_errors()));
         out.push_str(&format!("simulator: {:?}\n", self.simulator.stats()));
+        out.push_str(&self.runner_diagnostics().await);
+        out
+    }
+
+    /// What a run that did not settle needs to say why a runner was left: every EphemeralRunnerSet's replicas,
+    /// annotations and status; every EphemeralRunner's metadata and status, the fake's view of its registration,
+    /// and the lines of the manager's and listeners' logs that name it (the run's logs are gone once it ends).
+    async fn runner_diagnostics(&self) -> String {
+        const LOG_LINES_PER_RUNNER: usize = 40;
+        let mut out = String::new();
+        match self.ephemeral_runner_sets().await {
+            Ok(sets) => {
+                for set in sets {
+                    out.push_str(&format!(
+                        "EphemeralRunnerSet {}: replicas {}, annotations {}, status {}\n",
+                        set.name_any(),
+                        set.spec.replicas,
+                        serde_json::to_string(&set.metadata.annotations).unwrap_or_default(),
+                        serde_json::to_string(&set.status).unwrap_or_default()
+                    ));
+                }
+            }
+            Err(e) => out.push_str(&format!("listing EphemeralRunnerSets: {e}\n")),
+        }
+        let runners = match self.ephemeral_runners().await {
+            Ok(runners) => runners,
+            Err(e) => {
+                out.push_str(&format!("listing EphemeralRunners: {e}\n"));
+                return out;
+            }
+        };
+        let registered = self.fake.state().snapshot().runners;
+        let manager_log = self.manager_log(64 << 20).unwrap_or_default();
+        let listener_logs: Vec<(String, String)> = match self.listener_pods().await {
+            Ok(pods) => pods
+                .iter()
+                .filter_map(|pod| {
+                    let name = pod.name_any();
+                    self.listener_log(&name).map(|log| (name, log))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for runner in &runners {
+            let name = runner.name_any();
+            let meta = &runner.metadata;
+            out.push_str(&format!(
+                "EphemeralRunner {name}: created {:?}, deleting {:?}, finalizers {:?}, annotations {}, status {}\n",
+                meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+                meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+                meta.finalizers,
+                serde_json::to_string(&meta.annotations).unwrap_or_default(),
+                serde_json::to_string(&runner.status).unwrap_or_default()
+            ));
+            for view in registered.iter().filter(|view| view.name == name) {
+                out.push_str(&format!("  the fake: {view:?}\n"));
+            }
+            let mut named = |source: &str, log: &str| {
+                let lines: Vec<&str> = log.lines().filter(|line| line.contains(&name)).collect();
+                let skip = lines.len().saturating_sub(LOG_LINES_PER_RUNNER);
+                out.push_str(&format!(
+                    "  {source} log, lines naming it ({} of {}):\n",
+                    lines.len() - skip,
+                    lines.len()
+                ));
+                for line in &lines[skip..] {
+                    out.push_str(&format!("    {line}\n"));
+                }
+            };
+            named("manager", &manager_log);
+            for (pod, log) in &listener_logs {
+                named(&format!("listener {pod}"), log);
+            }
+        }
         out
     }
 
