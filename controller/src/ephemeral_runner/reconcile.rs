@@ -368,13 +368,26 @@ impl StatusPatch {
     }
 
     /// The request: a merge patch, or the registration-guarded JSON patch when the write leaves one.
-    fn to_patch(&self) -> Result<Patch<Value>> {
-        let body = serde_json::to_value(self).map_err(|source| Error::Serialize {
+    /// `recorded_failures`: the failures the status holds, as the write's view shows them. A JSON patch replaces
+    /// the map where a merge patch adds to it, so the new entries go in with these. The view cannot miss one: a
+    /// failure is only ever written together with forgetting the registration, so a view that still shows the
+    /// registration this write's `test` checks shows every failure written before.
+    fn to_patch(&self, recorded_failures: &BTreeMap<String, Time>) -> Result<Patch<Value>> {
+        let serialize = |source| Error::Serialize {
             what: "the EphemeralRunner status patch",
             source,
-        })?;
+        };
+        let body = serde_json::to_value(self).map_err(serialize)?;
         Ok(match (self.leaves, body) {
-            (Some(recorded), Value::Object(fields)) => {
+            (Some(recorded), Value::Object(mut fields)) => {
+                if let Some(new) = &self.failures {
+                    let mut all = recorded_failures.clone();
+                    all.extend(new.iter().map(|(uid, at)| (uid.clone(), at.clone())));
+                    fields.insert(
+                        "failures".to_owned(),
+                        serde_json::to_value(all).map_err(serialize)?,
+                    );
+                }
                 Patch::Json(crds::registration_guarded_status_patch(recorded, &fields))
             }
             (_, body) => Patch::Merge(json!({ "status": body })),
@@ -565,7 +578,11 @@ impl<'a> Step<'a> {
             ..PatchParams::default()
         };
         self.api
-            .patch_status(&self.name, &params, &patch.to_patch()?)
+            .patch_status(
+                &self.name,
+                &params,
+                &patch.to_patch(&self.status().failures)?,
+            )
             .await
             .map(|mut written| {
                 // Cached the way the watch caches it.
@@ -1685,7 +1702,10 @@ mod tests {
             serde_json::to_value(&patch).unwrap(),
             json!({ "ready": false, "runnerId": null, "runnerName": null, "reason": "PodDeleted", "message": null })
         );
-        assert!(matches!(patch.to_patch().unwrap(), Patch::Merge(_)));
+        assert!(matches!(
+            patch.to_patch(&BTreeMap::new()).unwrap(),
+            Patch::Merge(_)
+        ));
     }
 
     #[test]
@@ -1697,7 +1717,7 @@ mod tests {
         };
         patch.leave_registration(7);
         assert!(!patch.is_empty());
-        let Patch::Json(ops) = patch.to_patch().unwrap() else {
+        let Patch::Json(ops) = patch.to_patch(&BTreeMap::new()).unwrap() else {
             panic!("a registration-guarded JSON patch");
         };
         let busy_under_7 = json!({"status": {"runnerId": 7, "runnerName": "arc-runner", "jobId": "j",
@@ -1714,12 +1734,31 @@ mod tests {
             json_patch::patch(&mut already_moved, &ops).is_err(),
             "a job of the next registration is not taken"
         );
+        // A failure recorded with the leave joins those the status holds (a JSON patch replaces the map).
+        let at = Time(Timestamp::now());
+        let mut failed = StatusPatch {
+            failures: Some([("pod-2".to_owned(), at.clone())].into()),
+            ..StatusPatch::default()
+        };
+        failed.forget_identity(7);
+        let held: BTreeMap<String, Time> = [("pod-1".to_owned(), at.clone())].into();
+        let Patch::Json(ops) = failed.to_patch(&held).unwrap() else {
+            panic!("a registration-guarded JSON patch");
+        };
+        let mut doc = json!({"status": {"runnerId": 7, "failures": held, "jobId": "j"}});
+        json_patch::patch(&mut doc, &ops).expect("the status records 7");
+        let failures = doc["status"]["failures"].as_object().expect("failures");
+        assert_eq!(failures.len(), 2, "{doc}");
+        assert!(doc["status"].get("jobId").is_none() && doc["status"].get("runnerId").is_none());
         // Nothing recorded: nothing to guard, and no job could have been written under a registration.
         let mut first = StatusPatch {
             runner_id: Some(Some(8)),
             ..StatusPatch::default()
         };
         first.leave_registration(0);
-        assert!(matches!(first.to_patch().unwrap(), Patch::Merge(_)));
+        assert!(matches!(
+            first.to_patch(&BTreeMap::new()).unwrap(),
+            Patch::Merge(_)
+        ));
     }
 }
