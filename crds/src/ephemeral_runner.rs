@@ -182,6 +182,16 @@ impl EphemeralRunnerSpec {
 }
 
 impl EphemeralRunnerStatus {
+    /// The JSON names of the job fields the listener writes, which belong to the registration recorded with them.
+    pub const JOB_FIELDS: [&'static str; 6] = [
+        "jobRequestId",
+        "jobId",
+        "jobRepositoryName",
+        "jobWorkflowRef",
+        "workflowRunId",
+        "jobDisplayName",
+    ];
+
     /// Whether the runner reached a terminal phase (`Succeeded`, `Failed` or `Outdated`).
     pub fn is_done(&self) -> bool {
         matches!(
@@ -360,6 +370,33 @@ mod tests {
             .failures
             .insert("c".to_owned(), time("2025-01-01T00:00:20Z"));
         assert_eq!(status.last_failure(), Some(&time("2025-01-01T00:00:30Z")));
+    }
+
+    #[test]
+    fn the_job_fields_are_named_as_the_status_serialises_them() {
+        let status = EphemeralRunnerStatus {
+            job_request_id: 1,
+            job_id: "j".into(),
+            job_repository_name: "o/r".into(),
+            job_workflow_ref: "o/r/w@main".into(),
+            workflow_run_id: 2,
+            job_display_name: "build".into(),
+            ..EphemeralRunnerStatus::default()
+        };
+        let value = serde_json::to_value(status).unwrap();
+        // Fields serialised even when empty (`ready`) are not job fields.
+        let without = serde_json::to_value(EphemeralRunnerStatus::default()).unwrap();
+        let mut names: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|name| without.get(name.as_str()).is_none())
+            .map(String::as_str)
+            .collect();
+        let mut expected = EphemeralRunnerStatus::JOB_FIELDS.to_vec();
+        names.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(names, expected);
     }
 
     #[test]

@@ -23,9 +23,9 @@ pub enum RunnerPatched {
     /// The runner no longer exists (it finished and was deleted): nothing to do.
     NotFound,
     /// The runner does not record the registration the job started on: not yet (the manager records it before
-    /// creating the pod, but a write may be retried; tried again later), or no longer (it registered again since: its pod was taken away
-    /// before the listener heard of the job). Written anyway, another registration's job would make an idle runner
-    /// look busy for good: never scaled down, never replaced.
+    /// creating the pod, but a write may be retried; tried again later), or no longer (it registered again since:
+    /// its pod was taken away before the listener heard of the job). Written anyway, another registration's job
+    /// would make an idle runner look busy for good: never scaled down, never replaced.
     OtherRegistration,
 }
 

@@ -305,20 +305,8 @@ struct StatusPatch {
     runner_name: Option<Option<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     failures: Option<BTreeMap<String, Time>>,
-    // The job fields are the listener's; this controller only removes them, with the registration they came with.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    job_request_id: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    job_id: Option<Option<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    job_repository_name: Option<Option<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    job_workflow_ref: Option<Option<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    workflow_run_id: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    job_display_name: Option<Option<String>>,
-    /// The registration the status records now, which this write moves the runner off.
+    /// The registration the status records now, which this write moves the runner off, taking its job fields
+    /// (the listener's; this controller only removes them) with it.
     #[serde(skip)]
     leaves: Option<i64>,
 }
@@ -355,16 +343,9 @@ impl StatusPatch {
     /// reported late, of a runner whose pod was taken away mid-job): a plain merge patch would carry that job
     /// over to the next registration, whose runner never runs it, and a runner with a job is never scaled down.
     fn leave_registration(&mut self, recorded: i64) {
-        if recorded == 0 {
-            return;
+        if recorded != 0 {
+            self.leaves = Some(recorded);
         }
-        self.leaves = Some(recorded);
-        self.job_request_id = Some(None);
-        self.job_id = Some(None);
-        self.job_repository_name = Some(None);
-        self.job_workflow_ref = Some(None);
-        self.workflow_run_id = Some(None);
-        self.job_display_name = Some(None);
     }
 
     /// The request: a merge patch, or the registration-guarded JSON patch when the write leaves one.
@@ -380,6 +361,9 @@ impl StatusPatch {
         let body = serde_json::to_value(self).map_err(serialize)?;
         Ok(match (self.leaves, body) {
             (Some(recorded), Value::Object(mut fields)) => {
+                for job_field in crds::EphemeralRunnerStatus::JOB_FIELDS {
+                    fields.insert(job_field.to_owned(), Value::Null);
+                }
                 if let Some(new) = &self.failures {
                     let mut all = recorded_failures.clone();
                     all.extend(new.iter().map(|(uid, at)| (uid.clone(), at.clone())));
