@@ -62,7 +62,8 @@ pub struct Args {
     #[arg(long = "auto-scaler-image-pull-secrets")]
     pub auto_scaler_image_pull_secrets: Vec<String>,
 
-    /// EphemeralRunners reconciled concurrently (ARC's default of 2 caps throughput at a few hundred runners).
+    /// EphemeralRunners reconciled concurrently (ARC's default of 2 caps throughput at a few hundred runners);
+    /// passes waiting for a place take turns per EphemeralRunnerSet.
     #[arg(long, default_value_t = Options::default().runner_concurrency)]
     pub runner_max_concurrent_reconciles: u16,
 

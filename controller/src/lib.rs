@@ -23,6 +23,7 @@ pub mod context;
 pub mod ephemeral_runner;
 pub mod ephemeral_runner_set;
 pub mod error;
+pub mod fair;
 pub mod hash;
 pub mod kubeutil;
 pub mod labels;

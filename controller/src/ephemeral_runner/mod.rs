@@ -14,7 +14,11 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crds::EphemeralRunner;
-use futures::{Stream, StreamExt};
+use std::pin::pin;
+
+use futures::channel::mpsc;
+use futures::{FutureExt, Stream, StreamExt, stream};
+use kube::ResourceExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
@@ -26,6 +30,7 @@ pub use reconcile::{
 
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
+use crate::fair::FairLane;
 use crate::pods::CachedPod;
 
 /// Controller name in metrics and logs (ARC's).
@@ -90,7 +95,94 @@ pub async fn run_teardown(
         .await;
 }
 
-/// Runs the controller until `shutdown` resolves and in-flight reconciles finish.
+/// The group a runner's passes take turns in: its EphemeralRunnerSet (by uid), or for a runner no set owns, its
+/// namespace.
+fn turn_group(runner: &EphemeralRunner) -> String {
+    runner
+        .owner_references()
+        .iter()
+        .find(|owner| owner.controller == Some(true))
+        .map_or_else(
+            || runner.namespace().unwrap_or_default(),
+            |owner| owner.uid.clone(),
+        )
+}
+
+/// The runner of a pass the framework reports as over, whatever its outcome.
+fn finished_runner<E, Q>(
+    result: &Result<(ObjectRef<EphemeralRunner>, Action), kube::runtime::controller::Error<E, Q>>,
+) -> Option<ObjectRef<EphemeralRunner>> {
+    use kube::runtime::controller::Error as Failed;
+    let erased = match result {
+        Ok((runner, _)) => return Some(runner.clone()),
+        Err(Failed::ReconcilerFailed(_, runner) | Failed::ObjectNotFound(runner)) => runner,
+        Err(_) => return None,
+    };
+    let runner = ObjectRef::new(&erased.name);
+    Some(match &erased.namespace {
+        Some(namespace) => runner.within(namespace),
+        None => runner,
+    })
+}
+
+/// Hands the controller framework the passes asked for by watch events, in turns per EphemeralRunnerSet and no
+/// faster than its workers take them ([`crate::fair::FairLane`]), until the events end or `shutdown`.
+async fn take_turns(
+    ctx: Arc<Context>,
+    runners: impl Stream<Item = Arc<EphemeralRunner>>,
+    pods: impl Stream<Item = Arc<CachedPod>>,
+    pod_deletions: impl Stream<Item = ObjectRef<EphemeralRunner>>,
+    mut finished: mpsc::UnboundedReceiver<ObjectRef<EphemeralRunner>>,
+    passes: mpsc::UnboundedSender<ObjectRef<EphemeralRunner>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let group_of = |runner: &ObjectRef<EphemeralRunner>| {
+        ctx.stores
+            .runners
+            .get(runner)
+            .map(|runner| turn_group(&runner))
+    };
+    let mut lane = FairLane::new(usize::from(ctx.options.runner_concurrency));
+    let (runners, pods, pod_deletions) = (pin!(runners), pin!(pods), pin!(pod_deletions));
+    let (mut runners, mut pods, mut pod_deletions) =
+        (runners.fuse(), pods.fuse(), pod_deletions.fuse());
+    let mut shutdown = pin!(shutdown.fuse());
+    loop {
+        tokio::select! {
+            Some(runner) = runners.next() => lane.ask(turn_group(&runner), ObjectRef::from_obj(runner.as_ref())),
+            Some(pod) = pods.next() => {
+                // Pods of runners the cache no longer has need no pass (the framework would find nothing).
+                let namespace = pod.namespace();
+                let owners = pod.owner_references().iter().filter_map(|owner| {
+                    ObjectRef::from_owner_ref(namespace.as_deref(), owner, ())
+                });
+                for runner in owners {
+                    if let Some(group) = group_of(&runner) {
+                        lane.ask(group, runner);
+                    }
+                }
+            }
+            Some(runner) = pod_deletions.next() => {
+                if let Some(group) = group_of(&runner) {
+                    lane.ask(group, runner);
+                }
+            }
+            Some(runner) = finished.next() => lane.done(&runner),
+            () = &mut shutdown => return,
+            else => return,
+        }
+        while let Some(runner) = lane.hand_on() {
+            if passes.unbounded_send(runner).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Runs the controller until `shutdown` resolves and in-flight reconciles finish. At most
+/// `--runner-max-concurrent-reconciles` passes run; the passes watch events ask for wait in turns per
+/// EphemeralRunnerSet, so that one set's burst does not hold up another set's runners (docs/runner-lifecycle.md,
+/// "Scale sets take turns").
 pub async fn run(
     ctx: Arc<Context>,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
@@ -98,17 +190,35 @@ pub async fn run(
     pod_deletions: impl Stream<Item = ObjectRef<EphemeralRunner>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let shutdown = shutdown.shared();
+    let (passes_tx, passes_rx) = mpsc::unbounded();
+    let (finished_tx, finished_rx) = mpsc::unbounded();
+    let turns = take_turns(
+        Arc::clone(&ctx),
+        runners,
+        pods,
+        pod_deletions,
+        finished_rx,
+        passes_tx,
+        shutdown.clone(),
+    );
     let config = Config::default().concurrency(ctx.options.runner_concurrency);
-    Controller::for_shared_stream(runners, ctx.stores.runners.clone())
-        .owns_shared_stream(pods)
-        .reconcile_on(pod_deletions)
+    // The framework's own triggers are only its requeues; every watch event comes through the turns.
+    let controller = Controller::for_shared_stream(stream::pending(), ctx.stores.runners.clone())
+        .reconcile_on(passes_rx)
         .with_config(config)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "ephemeral runner controller event");
+        .for_each(move |result| {
+            if let Some(runner) = finished_runner(&result) {
+                // The turns end only at shutdown, when nothing is waiting for this any more.
+                let _ = finished_tx.unbounded_send(runner);
             }
-        })
-        .await;
+            async move {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "ephemeral runner controller event");
+                }
+            }
+        });
+    futures::join!(turns, controller);
 }

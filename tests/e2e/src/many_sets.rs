@@ -12,10 +12,10 @@
 //!    its first minute): Actions Service calls per set per minute by endpoint (long polls, session and token
 //!    refreshes, scale-set checks), Kubernetes requests per set per minute, CPU of the manager and of the
 //!    listeners.
-//! 3. **Burst**: every set gets its `jobs_per_set` jobs at the same moment: burst → each set's first runner pod
-//!    and → all of its pods (p50/max over the sets), finish → gone, Kubernetes writes per job, runners per job,
-//!    pod creations per runner, the most finished-but-not-gone runners, the manager's peak memory and every
-//!    process's CPU, and every job completed exactly once.
+//! 3. **Burst**: every set gets its jobs (`jobs_per_set`; the first set `first_set_jobs` if given) at the same
+//!    moment (or the others `others_after` later than the first): from its jobs → each set's first runner pod and → all of its pods (p50/max over the sets), finish → gone,
+//!    Kubernetes writes per job, runners per job, pod creations per runner, the most finished-but-not-gone
+//!    runners, the manager's peak memory and every process's CPU, and every job completed exactly once.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -46,6 +46,14 @@ pub struct ManySetsConfig {
     pub sets: u32,
     /// Jobs each set gets in the burst (one workflow run per set).
     pub jobs_per_set: u32,
+    /// Jobs the first set gets instead, if set: one large burst beside the small ones, to see whether the
+    /// other sets' runners wait for it.
+    pub first_set_jobs: Option<u32>,
+    /// The other sets get their jobs this long after the first set: a burst under way when they scale up.
+    pub others_after: Duration,
+    /// How long the fake takes to answer each JIT configuration request in the burst (the service takes a
+    /// fraction of a second; the fake answers at once unless told).
+    pub jit_latency: Duration,
     /// How long each job runs.
     pub job_duration: Duration,
     /// The idle window between setup and the burst.
@@ -57,11 +65,31 @@ pub struct ManySetsConfig {
     pub timeout: Duration,
 }
 
+impl ManySetsConfig {
+    /// The jobs the set at `index` gets in the burst.
+    pub fn jobs_of(&self, index: usize) -> u32 {
+        match self.first_set_jobs {
+            Some(jobs) if index == 0 => jobs,
+            _ => self.jobs_per_set,
+        }
+    }
+
+    /// Every set's jobs together.
+    pub fn jobs(&self) -> u32 {
+        (0..self.sets.max(1) as usize)
+            .map(|i| self.jobs_of(i))
+            .sum()
+    }
+}
+
 impl Default for ManySetsConfig {
     fn default() -> Self {
         Self {
             sets: 10,
             jobs_per_set: 3,
+            first_set_jobs: None,
+            others_after: Duration::ZERO,
+            jit_latency: Duration::ZERO,
             job_duration: Duration::from_secs(1),
             idle: Duration::from_secs(300),
             settle: Duration::from_secs(65),
@@ -93,6 +121,12 @@ pub struct IdleReport {
 pub struct ManySetsReport {
     pub sets: u32,
     pub jobs_per_set: u32,
+    /// The first set's jobs, when it gets its own number.
+    pub first_set_jobs: Option<u32>,
+    /// How long after the first set's jobs the others' were enqueued.
+    pub others_after_secs: f64,
+    /// The fake's answer time for each JIT configuration in the burst.
+    pub jit_latency_secs: f64,
     pub jobs: u32,
     pub job_duration_secs: f64,
     /// How long the fake holds an empty long poll (the service's figure).
@@ -107,9 +141,9 @@ pub struct ManySetsReport {
     pub manager_setup_cpu_secs: f64,
     pub idle: IdleReport,
     pub completed: usize,
-    /// From enqueueing every set's jobs until that set's first runner pod existed, over the sets.
+    /// From enqueueing a set's jobs until its first runner pod existed, over the sets.
     pub burst_to_first_pod: Percentiles,
-    /// From enqueueing until each set had `jobs_per_set` runner pods, over the sets.
+    /// From enqueueing a set's jobs until it had as many runner pods as it got jobs, over the sets.
     pub burst_to_all_pods: Percentiles,
     /// From enqueueing until the last job completed.
     pub burst_to_last_completion_secs: f64,
@@ -168,11 +202,11 @@ pub fn set_of_runner(pod: &str) -> Option<&str> {
     pod.rsplit_once("-runner-").map(|(set, _)| set)
 }
 
-/// For each set, when its first runner pod was seen and when its `jobs_per_set`-th was (seconds after the
+/// For each set, when its first runner pod was seen and when its `jobs_of(set)`-th was (seconds after the
 /// burst), from `(pod name, seconds)` of every runner pod seen.
 pub fn pod_times_by_set<'a>(
     pods: impl IntoIterator<Item = (&'a str, f64)>,
-    jobs_per_set: u32,
+    jobs_of: impl Fn(&str) -> u32,
 ) -> BTreeMap<String, (f64, Option<f64>)> {
     let mut seen: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (pod, at) in pods {
@@ -183,7 +217,7 @@ pub fn pod_times_by_set<'a>(
     seen.into_iter()
         .map(|(set, mut times)| {
             times.sort_by(f64::total_cmp);
-            let all = times.get((jobs_per_set as usize).max(1) - 1).copied();
+            let all = times.get((jobs_of(&set) as usize).max(1) - 1).copied();
             (set, (times[0], all))
         })
         .collect()
@@ -228,7 +262,10 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
     let mut report = ManySetsReport {
         sets: config.sets.max(1),
         jobs_per_set: config.jobs_per_set,
-        jobs: config.sets.max(1) * config.jobs_per_set,
+        first_set_jobs: config.first_set_jobs,
+        others_after_secs: config.others_after.as_secs_f64(),
+        jit_latency_secs: config.jit_latency.as_secs_f64(),
+        jobs: config.jobs(),
         job_duration_secs: config.job_duration.as_secs_f64(),
         ..ManySetsReport::default()
     };
@@ -344,13 +381,28 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
     report.listeners_total_peak_rss_mib = report.listeners_idle_rss_mib;
 
     // The burst: every set's jobs at once.
+    if !config.jit_latency.is_zero() {
+        world
+            .fake
+            .state()
+            .set_faults(fake_actions_service::Faults {
+                latency: vec![fake_actions_service::LatencyFault {
+                    endpoint: Some("generate_jit_config".into()),
+                    millis: u64::try_from(config.jit_latency.as_millis()).unwrap_or(u64::MAX),
+                }],
+                ..fake_actions_service::Faults::default()
+            })?;
+    }
     let requests_before = apiserver_requests(&world.client()).await?;
     world.fake.state().reset_counters();
     let cpu_before = cpu_ticks_of(&processes);
     let started = Instant::now();
     let mut ids = Vec::with_capacity(report.jobs as usize);
-    for set in &sets {
-        ids.extend(world.enqueue_to(set, config.jobs_per_set)?);
+    for (index, set) in sets.iter().enumerate() {
+        if index == 1 && !config.others_after.is_zero() {
+            tokio::time::sleep(config.others_after).await;
+        }
+        ids.extend(world.enqueue_to(set, config.jobs_of(index))?);
     }
     let jobs = ids.len();
     let mut last_completion = 0.0;
@@ -399,11 +451,26 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
     report.peak_runners = runners.peak();
 
     let pods = world.simulator.pods();
+    // Each set's times count from its own jobs' enqueueing.
+    let others_started = started + config.others_after;
     let seen = pods.iter().filter_map(|pod| {
-        let at = pod.seen_at?.checked_duration_since(started)?;
+        let set = set_of_runner(&pod.name)?;
+        let from = if set == sets[0] {
+            started
+        } else {
+            others_started
+        };
+        let at = pod.seen_at?.checked_duration_since(from)?;
         Some((pod.name.as_str(), at.as_secs_f64()))
     });
-    let times = pod_times_by_set(seen, config.jobs_per_set);
+    let jobs_of_set: BTreeMap<&str, u32> = sets
+        .iter()
+        .enumerate()
+        .map(|(index, set)| (set.as_str(), config.jobs_of(index)))
+        .collect();
+    let times = pod_times_by_set(seen, |set| {
+        jobs_of_set.get(set).copied().unwrap_or(config.jobs_per_set)
+    });
     let first: BTreeMap<String, f64> = times.iter().map(|(s, (f, _))| (s.clone(), *f)).collect();
     let all: BTreeMap<String, f64> = times
         .iter()
@@ -415,8 +482,7 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
     report.burst_to_all_pods = all;
     if !no_pod.is_empty() || !not_all.is_empty() {
         report.problems.push(format!(
-            "sets without a runner pod: {no_pod:?}; sets with fewer than {} pods: {not_all:?}",
-            config.jobs_per_set
+            "sets without a runner pod: {no_pod:?}; sets with fewer pods than jobs: {not_all:?}"
         ));
     }
     let (latencies, unseen, lingering) = bench::finish_to_gone(&world, &runners, started);
@@ -532,7 +598,7 @@ mod tests {
             ("ms-2-runner-a", 4.0),
             ("not-a-runner", 0.5),
         ];
-        let times = pod_times_by_set(pods, 3);
+        let times = pod_times_by_set(pods, |_| 3);
         assert_eq!(
             times,
             BTreeMap::from([

@@ -165,6 +165,9 @@ async fn many_scale_sets_serve_every_job_and_idle_quietly() {
     let report = e2e::many_sets::run(&e2e::many_sets::ManySetsConfig {
         sets,
         jobs_per_set: 2,
+        first_set_jobs: None,
+        others_after: Duration::ZERO,
+        jit_latency: Duration::ZERO,
         job_duration: Duration::from_secs(1),
         idle: Duration::from_secs(60),
         // Past the listeners' first minute, whose pass forgets their pod failures.

@@ -44,6 +44,17 @@ struct Args {
     /// With --scale-sets: jobs each set gets in the burst.
     #[arg(long, default_value_t = 3)]
     jobs_per_set: u32,
+    /// With --scale-sets: jobs the first set gets instead of --jobs-per-set (one large burst beside small ones).
+    #[arg(long)]
+    first_set_jobs: Option<u32>,
+    /// With --scale-sets: the other sets get their jobs this many milliseconds after the first set (a burst under
+    /// way when they scale up); their times count from their own jobs.
+    #[arg(long, default_value_t = 0)]
+    others_after_ms: u64,
+    /// With --scale-sets: the fake answers each JIT configuration request of the burst after this many
+    /// milliseconds (the service takes a fraction of a second).
+    #[arg(long, default_value_t = 0)]
+    jit_latency_ms: u64,
     /// With --scale-sets: the idle window between setup and the burst, in seconds (300: the manager's resync,
     /// so each set's periodic passes fall in it once).
     #[arg(long, default_value_t = 300)]
@@ -66,6 +77,9 @@ fn main() -> ExitCode {
         let config = ManySetsConfig {
             sets,
             jobs_per_set: args.jobs_per_set,
+            first_set_jobs: args.first_set_jobs,
+            others_after: Duration::from_millis(args.others_after_ms),
+            jit_latency: Duration::from_millis(args.jit_latency_ms),
             job_duration: Duration::from_millis(args.job_duration_ms),
             idle: Duration::from_secs(args.idle_secs),
             settle: Duration::from_secs(args.settle_secs),
@@ -274,8 +288,18 @@ fn p50_max(p: &Percentiles) -> String {
 }
 
 fn print_many_sets(r: &ManySetsReport) {
+    let first = r
+        .first_set_jobs
+        .map_or_else(String::new, |jobs| format!(", the first set {jobs}"));
+    let mut first = first;
+    if r.others_after_secs > 0.0 {
+        first.push_str(&format!(", the others {:.1} s later", r.others_after_secs));
+    }
+    if r.jit_latency_secs > 0.0 {
+        first.push_str(&format!(", JIT configs in {:.1} s", r.jit_latency_secs));
+    }
     println!(
-        "== e2e-bench: {} scale sets x {} jobs of {:.1} s ({} jobs) ==",
+        "== e2e-bench: {} scale sets x {} jobs{first} of {:.1} s ({} jobs) ==",
         r.sets, r.jobs_per_set, r.job_duration_secs, r.jobs
     );
     println!(
