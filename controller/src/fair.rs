@@ -5,7 +5,7 @@
 //! Why: the controller framework starts the passes waiting for a worker in the order of a hash set, so the runners
 //! of a set that scaled up during another set's burst of hundreds waited for most of that burst. The framework's
 //! own queue is not replaced, only kept short: passes are handed to it no faster than its workers take them, so
-//! its order never decides.
+//! its order decides only for its own requeues (a timer a pass set, a retry after an error).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
