@@ -52,11 +52,13 @@ impl<K: Clone + Eq + Hash, W> FairQueue<K, W> {
     }
 
     /// Whether nobody waits.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.rotation.is_empty()
     }
 
     /// How many wait, over every group.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.waiting.values().map(VecDeque::len).sum()
     }
@@ -115,6 +117,7 @@ impl<G: Clone + Eq + Hash, R: Clone + Eq + Hash> FairLane<G, R> {
     }
 
     /// Passes waiting and passes out.
+    #[cfg(test)]
     pub fn counts(&self) -> (usize, usize) {
         (self.queued.len(), self.out.len())
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::Env;
 use crds::EphemeralRunner;
-use fake_actions_service::{Faults, LatencyFault};
+use fake_actions_service::Faults;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Event, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -413,16 +413,7 @@ async fn a_job_reported_for_a_registration_being_given_up_does_not_stick_to_the_
     .await;
     // Hold the next registration's JIT config request long enough to report the job while it is in flight.
     let registrations = env.fake.state().count("generate_jit_config");
-    env.fake
-        .state()
-        .set_faults(Faults {
-            latency: vec![LatencyFault {
-                endpoint: Some("generate_jit_config".into()),
-                millis: 10_000,
-            }],
-            ..Faults::default()
-        })
-        .expect("faults");
+    env.slow_down("generate_jit_config", 10_000);
     let manager = env.start(options);
     env.eventually("the next registration requested", || async {
         (env.fake.state().count("generate_jit_config") > registrations).then_some(())

@@ -9,7 +9,6 @@ use std::time::Duration;
 use common::{Env, registered_runners};
 use crds::EphemeralRunner;
 use crds::constants::{APPLIED_GENERATION_ANNOTATION, COMPLETED_RUNNERS_ANNOTATION};
-use fake_actions_service::{Faults, LatencyFault};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -348,13 +347,7 @@ async fn deleting_a_set_keeps_busy_runners_until_their_jobs_end() {
         .await
         .expect("delete the set");
     env.eventually("only the busy runner left", || async {
-        let names: Vec<String> = env
-            .runners()
-            .await
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect();
-        (names == [busy_name.clone()]).then_some(())
+        (env.runner_names().await == [busy_name.clone()]).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -420,7 +413,7 @@ async fn a_manager_killed_mid_scale_converges_without_duplicates_or_orphans() {
         (env.registered() == names).then_some(())
     })
     .await;
-    let pod_names: BTreeSet<String> = env.pods().await.iter().map(ResourceExt::name_any).collect();
+    let pod_names: BTreeSet<String> = env.pod_names().await.into_iter().collect();
     assert_eq!(pod_names, names, "every pod belongs to a runner");
 
     env.scale("arc", 0, 0).await;
@@ -802,16 +795,7 @@ async fn a_finished_runner_the_listener_never_lists_is_replaced_after_the_hold()
 #[tokio::test]
 async fn a_set_scaling_up_during_another_sets_burst_does_not_wait_for_it() {
     let env = Env::new("ers-turns").await;
-    env.fake
-        .state()
-        .set_faults(Faults {
-            latency: vec![LatencyFault {
-                endpoint: Some("generate_jit_config".into()),
-                millis: 300,
-            }],
-            ..Faults::default()
-        })
-        .expect("faults");
+    env.slow_down("generate_jit_config", 300);
     let mut options = env.options();
     options.runner_concurrency = 1;
     let manager = env.start(options);
@@ -822,29 +806,19 @@ async fn a_set_scaling_up_during_another_sets_burst_does_not_wait_for_it() {
             .filter(|name| name.starts_with(&prefix))
             .count()
     };
-    let pod_names = || async {
-        let pods = env.pods().await;
-        pods.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
-    };
 
     const BIG: usize = 50;
     env.create_set("big", i64::try_from(BIG).expect("small"), 1)
         .await;
     env.eventually("the big set's first pod", || async {
-        (count(&pod_names().await, "big") > 0).then_some(())
+        (count(&env.pod_names().await, "big") > 0).then_some(())
     })
     .await;
     env.create_set("small", 1, 1).await;
     let big_pods_before = env
         .eventually("the small set's runner", || async {
-            let runners: Vec<String> = env
-                .runners()
-                .await
-                .iter()
-                .map(ResourceExt::name_any)
-                .collect();
-            if count(&runners, "small") == 1 {
-                Some(count(&pod_names().await, "big"))
+            if count(&env.runner_names().await, "small") == 1 {
+                Some(count(&env.pod_names().await, "big"))
             } else {
                 None
             }
@@ -852,7 +826,7 @@ async fn a_set_scaling_up_during_another_sets_burst_does_not_wait_for_it() {
         .await;
     let big_pods_after = env
         .eventually("the small set's pod", || async {
-            let pods = pod_names().await;
+            let pods = env.pod_names().await;
             (count(&pods, "small") == 1).then(|| count(&pods, "big"))
         })
         .await;
@@ -868,7 +842,7 @@ async fn a_set_scaling_up_during_another_sets_burst_does_not_wait_for_it() {
         "the big set was still being registered"
     );
     env.eventually("every pod", || async {
-        (count(&pod_names().await, "big") == BIG).then_some(())
+        (count(&env.pod_names().await, "big") == BIG).then_some(())
     })
     .await;
     manager.stop().await;

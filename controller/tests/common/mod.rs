@@ -12,7 +12,7 @@ use actions_client::{
 };
 use controller::{Manager, Options};
 use crds::{EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetSpec, EphemeralRunnerSpec};
-use fake_actions_service::{EnqueueJobs, FakeActionsService, RunnerSelector};
+use fake_actions_service::{EnqueueJobs, FakeActionsService, Faults, LatencyFault, RunnerSelector};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -221,6 +221,38 @@ impl Env {
             .await
             .expect("list pods")
             .items
+    }
+
+    /// The names of the EphemeralRunners.
+    pub async fn runner_names(&self) -> Vec<String> {
+        self.runners()
+            .await
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect()
+    }
+
+    /// The names of the pods.
+    pub async fn pod_names(&self) -> Vec<String> {
+        self.pods()
+            .await
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect()
+    }
+
+    /// Has the fake answer every `endpoint` request `millis` late.
+    pub fn slow_down(&self, endpoint: &str, millis: u64) {
+        self.fake
+            .state()
+            .set_faults(Faults {
+                latency: vec![LatencyFault {
+                    endpoint: Some(endpoint.into()),
+                    millis,
+                }],
+                ..Faults::default()
+            })
+            .expect("faults");
     }
 
     /// JIT config Secrets (those with a `jitToken`).

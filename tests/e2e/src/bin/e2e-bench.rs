@@ -288,10 +288,9 @@ fn p50_max(p: &Percentiles) -> String {
 }
 
 fn print_many_sets(r: &ManySetsReport) {
-    let first = r
+    let mut first = r
         .first_set_jobs
         .map_or_else(String::new, |jobs| format!(", the first set {jobs}"));
-    let mut first = first;
     if r.others_after_secs > 0.0 {
         first.push_str(&format!(", the others {:.1} s later", r.others_after_secs));
     }
