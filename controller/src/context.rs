@@ -137,6 +137,16 @@ impl Context {
             );
             return Action::await_change();
         }
+        if error.is_overtaken(&K::kind(&()), &namespace, &object.name_any()) {
+            tracing::debug!(
+                controller,
+                name = %object.name_any(),
+                namespace,
+                %error,
+                "the object changed since the pass's view; its watch event brings it back"
+            );
+            return Action::await_change();
+        }
         let mut delay = self.backoff.next_delay(&backoff_key(controller, object));
         if policy == ErrorRequeue::SlowForConfiguration && error.is_configuration_problem() {
             delay = delay.max(self.options.configuration_error_backoff);
@@ -353,6 +363,9 @@ pub struct RunnerMemory {
     /// Job metadata this manager applied to a pod, by runner uid: the pod's uid and a digest of the metadata,
     /// until the pod cache shows it (see [`RunnerMemory::applied_job_metadata`]).
     job_metadata_applied: Mutex<HashMap<String, (String, u64)>>,
+    /// The registration each pod this manager created runs under, by runner uid: the pod's uid and the runner id
+    /// and name, until the status records an identity (see [`RunnerMemory::pod_runs_under`]).
+    pod_identities: Mutex<HashMap<String, (String, i64, String)>>,
     /// What was done for a runner that cannot need doing again, by runner uid. Kept past the runner's deletion
     /// event (a pass that began just before it may still run once more on the cached copy), for the last
     /// [`ENDINGS_KEPT`] runners: forgetting one only repeats a call whose answer is "already done".
@@ -560,6 +573,36 @@ impl RunnerMemory {
         lock(&self.pods_not_created).remove(uid);
     }
 
+    /// Records that pod `pod_uid` of runner `uid` runs under registration `runner_id`, named `runner_name`. The
+    /// status records the identity only with the first state worth showing (the pod running, or waiting on
+    /// something), so until then a pass of this process takes it from here instead of reading the Secret; a pass
+    /// after a restart reads the Secret. Tied to the pod: a new pod means a new registration.
+    pub fn pod_runs_under(&self, uid: &str, pod_uid: &str, runner_id: i64, runner_name: &str) {
+        lock(&self.pod_identities).insert(
+            uid.to_owned(),
+            (pod_uid.to_owned(), runner_id, runner_name.to_owned()),
+        );
+    }
+
+    /// The registration pod `pod_uid` of runner `uid` runs under, if this process created that pod and the status
+    /// has not recorded an identity since (see [`RunnerMemory::pod_runs_under`]).
+    pub fn identity_of_pod(&self, uid: &str, pod_uid: &str) -> Option<(i64, String)> {
+        lock(&self.pod_identities)
+            .get(uid)
+            .filter(|(pod, _, _)| pod == pod_uid)
+            .map(|(_, runner_id, runner_name)| (*runner_id, runner_name.clone()))
+    }
+
+    /// Whether this process created a pod for runner `uid` whose identity the status does not show yet.
+    pub fn knows_pod_identity(&self, uid: &str) -> bool {
+        lock(&self.pod_identities).contains_key(uid)
+    }
+
+    /// The status of runner `uid` records an identity: the one kept for its pod is no longer needed.
+    pub fn identity_recorded(&self, uid: &str) {
+        lock(&self.pod_identities).remove(uid);
+    }
+
     /// Records that creating the pod of registration `runner_id` of runner `uid` failed with `error`, which was
     /// not a refusal (the API server or the network failed the request). The registration is still discarded
     /// as one whose pod is gone (a request that failed may still have made the pod), but the report can say what
@@ -651,6 +694,7 @@ impl RunnerMemory {
         lock(&self.pods_created).remove(uid);
         lock(&self.pods_not_created).remove(uid);
         lock(&self.job_metadata_applied).remove(uid);
+        lock(&self.pod_identities).remove(uid);
         lock(&self.disruptions).remove(uid);
         lock(&self.checked).remove(uid);
         lock(&self.written).remove(uid);
@@ -712,6 +756,34 @@ mod tests {
             memory.job_metadata_due("r", "p1", 1, false),
             "once the cache showed it, a pod without it (labels removed since) gets it again"
         );
+    }
+
+    #[test]
+    fn a_pods_identity_is_kept_for_that_pod_until_the_status_records_one() {
+        let memory = RunnerMemory::default();
+        assert!(!memory.knows_pod_identity("a"));
+        memory.pod_runs_under("a", "pod-1", 7, "runner-a");
+        assert!(memory.knows_pod_identity("a"));
+        assert_eq!(
+            memory.identity_of_pod("a", "pod-1"),
+            Some((7, "runner-a".to_owned()))
+        );
+        assert_eq!(
+            memory.identity_of_pod("a", "pod-2"),
+            None,
+            "another pod: another registration, or one this process did not make"
+        );
+        memory.pod_runs_under("a", "pod-2", 8, "runner-a");
+        assert_eq!(memory.identity_of_pod("a", "pod-1"), None);
+        assert_eq!(
+            memory.identity_of_pod("a", "pod-2"),
+            Some((8, "runner-a".to_owned()))
+        );
+        memory.identity_recorded("a");
+        assert_eq!(memory.identity_of_pod("a", "pod-2"), None);
+        memory.pod_runs_under("b", "pod-3", 9, "runner-b");
+        memory.forget("b");
+        assert!(!memory.knows_pod_identity("b"));
     }
 
     #[test]

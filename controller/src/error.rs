@@ -368,6 +368,17 @@ impl Error {
         )
     }
 
+    /// Whether this is a patch of object `kind` `namespace`/`name` that the API server answered 409: it held at a
+    /// resource version the object has moved past (a write the pass's view did not show yet), whose watch event
+    /// brings the object back for a pass that sees it.
+    pub fn is_overtaken(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        matches!(
+            self,
+            Self::PatchObject { kind: patched, namespace: ns, name: n, source, .. }
+                if patched == kind && ns == namespace && n == name && is_status(source, 409)
+        )
+    }
+
     /// A bounded label for metrics: the variant name, never the message.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -521,6 +532,9 @@ mod tests {
         assert!(!patch(404, "other").is_gone("EphemeralRunner", "ns", "r"));
         assert!(!patch(404, "r").is_gone("Pod", "ns", "r"));
         assert!(!patch(404, "r").is_gone("EphemeralRunner", "elsewhere", "r"));
+        assert!(patch(409, "r").is_overtaken("EphemeralRunner", "ns", "r"));
+        assert!(!patch(404, "r").is_overtaken("EphemeralRunner", "ns", "r"));
+        assert!(!patch(409, "other").is_overtaken("EphemeralRunner", "ns", "r"));
         let create = Error::CreateObject {
             kind: "EphemeralRunner".into(),
             namespace: "ns".into(),

@@ -466,6 +466,17 @@ async fn runners_waiting_on_a_deleted_scale_set_are_replaced_once_it_is_recreate
             "two registered runners of the re-created scale set",
             || async {
                 let id = scale_set_id(&env.runner_set("stale-id").await?)?;
+                // Registered: the service knows the name (the status records the identity only once the pod,
+                // which no kubelet runs here, shows a state worth a write).
+                let registered: Vec<String> = env
+                    .fake
+                    .state()
+                    .snapshot()
+                    .runners
+                    .into_iter()
+                    .filter(|runner| runner.scale_set_id == id)
+                    .map(|runner| runner.name)
+                    .collect();
                 let live: Vec<_> = runners
                     .list(&Default::default())
                     .await
@@ -478,10 +489,7 @@ async fn runners_waiting_on_a_deleted_scale_set_are_replaced_once_it_is_recreate
                     && live.len() == 2
                     && live.iter().all(|runner| {
                         runner.spec.runner_scale_set_id == id
-                            && runner
-                                .status
-                                .as_ref()
-                                .is_some_and(|status| status.runner_id != 0)
+                            && registered.contains(&runner.name_any())
                     }))
                 .then_some(id)
             },

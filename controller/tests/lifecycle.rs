@@ -426,8 +426,9 @@ async fn a_job_reported_for_a_registration_being_given_up_does_not_stick_to_the_
     env.runners_api()
         .patch_status(
             &name,
-            &PatchParams::default(),
-            &Patch::Json::<()>(crds::registration_guarded_status_patch(
+            &PatchParams::apply("arc-rs/listener"),
+            &Patch::Apply(crds::job_fields_apply(
+                &name,
                 old_id,
                 fields.as_object().expect("fields"),
             )),
@@ -624,10 +625,17 @@ async fn a_pod_creation_that_fails_is_reported_as_such_and_registers_nothing_unt
         env.pods_api().get_opt(&name).await.ok().flatten()
     })
     .await;
-    env.eventually("the runner registered again", || async {
-        let runner = env.runners_api().get(&name).await.ok()?;
-        (runner_id(&runner) != 0).then_some(())
-    })
-    .await;
+    // Registered again: the identity shows once the pod runs.
+    env.run_pod(&name).await;
+    let registered = env.recorded_runner_id(&name).await;
+    assert!(
+        env.fake
+            .state()
+            .snapshot()
+            .runners
+            .iter()
+            .any(|runner| runner.id == registered && runner.name == name),
+        "the recorded registration is the service's"
+    );
     manager.stop().await;
 }

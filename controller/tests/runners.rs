@@ -33,7 +33,8 @@ async fn a_set_scales_from_0_to_50_and_back_to_0() {
                 runners.len()
             );
             let pods = env.pods().await;
-            (registered_runners(&runners) == 50 && pods.len() == 50).then_some(runners)
+            (registered_runners(&runners, &env.registered()) == 50 && pods.len() == 50)
+                .then_some(runners)
         })
         .await;
     let names: BTreeSet<String> = runners.iter().map(ResourceExt::name_any).collect();
@@ -199,16 +200,8 @@ async fn a_runner_busy_on_removal_is_requeued_until_its_job_ends() {
     env.create_set("arc", 1, 0).await;
     let manager = env.start(env.options());
 
-    let runner = env
-        .eventually("a registered runner", || async {
-            env.runners()
-                .await
-                .into_iter()
-                .find(|runner| runner_id(runner) != 0)
-        })
-        .await;
+    let runner = env.start_a_runner().await;
     let name = runner.name_any();
-    env.run_pod(&name).await;
     let job = env.assign_job(runner_id(&runner)).await;
     env.runners_api()
         .delete(&name, &DeleteParams::default())
@@ -242,25 +235,9 @@ async fn a_zombie_runner_is_replaced() {
     options.runner.registration_check_interval = Duration::from_millis(500);
     let manager = env.start(options);
 
-    let runner = env
-        .eventually("a registered runner", || async {
-            env.runners()
-                .await
-                .into_iter()
-                .find(|runner| runner_id(runner) != 0)
-        })
-        .await;
+    let runner = env.start_a_runner().await;
     let name = runner.name_any();
-    env.eventually("its pod", || async {
-        env.pods_api().get_opt(&name).await.ok().flatten()
-    })
-    .await;
-    env.run_pod(&name).await;
-    env.eventually("the runner running", || async {
-        let runner = env.runners_api().get(&name).await.ok()?;
-        (runner.status?.phase == "Running").then_some(())
-    })
-    .await;
+    assert_eq!(runner.status.clone().unwrap_or_default().phase, "Running");
     env.fake
         .state()
         .deregister_runner(runner_id(&runner))
@@ -268,10 +245,11 @@ async fn a_zombie_runner_is_replaced() {
     let replacement = env
         .eventually("a replacement", || async {
             let runners = env.runners().await;
+            let env_registered = env.registered();
             let old_gone = runners.iter().all(|runner| runner.name_any() != name);
-            let new = runners
-                .into_iter()
-                .find(|runner| runner.name_any() != name && runner_id(runner) != 0);
+            let new = runners.into_iter().find(|runner| {
+                runner.name_any() != name && env_registered.contains(&runner.name_any())
+            });
             if old_gone { new } else { None }
         })
         .await;
@@ -330,15 +308,17 @@ async fn deleting_a_set_keeps_busy_runners_until_their_jobs_end() {
     let runners = env
         .eventually("three registered runners with pods", || async {
             let runners = env.runners().await;
-            (registered_runners(&runners) == 3 && env.pods().await.len() == 3).then_some(runners)
+            (registered_runners(&runners, &env.registered()) == 3 && env.pods().await.len() == 3)
+                .then_some(runners)
         })
         .await;
     for runner in &runners {
         env.run_pod(&runner.name_any()).await;
     }
-    let busy = &runners[0];
-    let busy_name = busy.name_any();
-    let job = env.assign_job(runner_id(busy)).await;
+    let busy_name = runners[0].name_any();
+    let job = env
+        .assign_job(env.recorded_runner_id(&busy_name).await)
+        .await;
     env.fake.state().start_job(job).expect("start the job");
     env.report_job(&busy_name, "job-1").await;
 
@@ -402,7 +382,7 @@ async fn a_manager_killed_mid_scale_converges_without_duplicates_or_orphans() {
                 "no duplicate runners: {}",
                 runners.len()
             );
-            let ready = registered_runners(&runners) == 40
+            let ready = registered_runners(&runners, &env.registered()) == 40
                 && env.pods().await.len() == 40
                 && env.jit_secrets().await.len() == 40;
             ready.then_some(runners)
@@ -630,8 +610,13 @@ async fn a_first_attempt_learns_of_a_leftover_secret_and_replaces_it() {
             registered[0], old_id,
             "{name}: the old registration is gone"
         );
-        let status = runners.get(name).await.unwrap().status.unwrap_or_default();
-        assert_eq!(status.runner_id, registered[0], "{name}");
+        // The status records the identity once the pod runs: the fresh registration's.
+        env.run_pod(name).await;
+        env.eventually(&format!("{name}: the fresh identity recorded"), || async {
+            let status = runners.get(name).await.ok()?.status?;
+            (status.runner_id == registered[0]).then_some(())
+        })
+        .await;
     }
     manager.stop().await;
 }
@@ -640,7 +625,8 @@ async fn a_first_attempt_learns_of_a_leftover_secret_and_replaces_it() {
 async fn registered(env: &Env, count: usize) -> Vec<EphemeralRunner> {
     env.eventually("the set's runners registered", || async {
         let runners = env.runners().await;
-        (runners.len() == count && registered_runners(&runners) == count).then_some(runners)
+        (runners.len() == count && registered_runners(&runners, &env.registered()) == count)
+            .then_some(runners)
     })
     .await
 }

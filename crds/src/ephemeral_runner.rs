@@ -239,6 +239,28 @@ impl EphemeralRunner {
     }
 }
 
+/// The server-side apply (for the status subresource, without force) writing a job's `fields` (status field name
+/// → value) into EphemeralRunner `name`'s status together with `runnerId`, the registration the job started on.
+/// The API server decides in the same request as the write: a status that records no registration takes the job
+/// and the identity; one that records this registration (the manager's write) shares the field; one that records
+/// another makes it a conflict (409), so one registration's job never lands on the next one. The listener's write
+/// (docs/runner-lifecycle.md, "Status writes").
+pub fn job_fields_apply(
+    name: &str,
+    runner_id: i64,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Value {
+    use kube_core::Resource;
+    let mut status = fields.clone();
+    status.insert("runnerId".to_owned(), runner_id.into());
+    serde_json::json!({
+        "apiVersion": EphemeralRunner::api_version(&()),
+        "kind": EphemeralRunner::kind(&()),
+        "metadata": { "name": name },
+        "status": status,
+    })
+}
+
 /// A JSON patch writing `fields` (status field name → value) into an EphemeralRunner's status only while the
 /// status records registration `runner_id`. The API server checks the `test` in the same request as the writes,
 /// so a writer whose view is a moment old can neither put one registration's facts (a job) on the next one nor
@@ -305,6 +327,20 @@ mod tests {
             phase: phase.to_owned(),
             ..EphemeralRunnerStatus::default()
         }
+    }
+
+    #[test]
+    fn a_job_is_applied_with_the_registration_it_started_on() {
+        let fields = serde_json::json!({"jobRequestId": 7, "jobDisplayName": "build"});
+        assert_eq!(
+            job_fields_apply("runner-a", 42, fields.as_object().unwrap()),
+            serde_json::json!({
+                "apiVersion": "actions.github.com/v1alpha1",
+                "kind": "EphemeralRunner",
+                "metadata": {"name": "runner-a"},
+                "status": {"runnerId": 42, "jobRequestId": 7, "jobDisplayName": "build"},
+            })
+        );
     }
 
     #[test]

@@ -30,7 +30,8 @@ pub use autoscaling_runner_set::{
     AutoscalingRunnerSet, AutoscalingRunnerSetSpec, AutoscalingRunnerSetStatus,
 };
 pub use ephemeral_runner::{
-    EphemeralRunner, EphemeralRunnerSpec, EphemeralRunnerStatus, registration_guarded_status_patch,
+    EphemeralRunner, EphemeralRunnerSpec, EphemeralRunnerStatus, job_fields_apply,
+    registration_guarded_status_patch,
 };
 pub use ephemeral_runner_set::{
     EphemeralRunnerSet, EphemeralRunnerSetSpec, EphemeralRunnerSetStatus,

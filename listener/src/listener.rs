@@ -47,14 +47,6 @@ use crate::target::{RunnerPatched, RunnerSetTarget};
 /// EphemeralRunner status patches in flight at once for one message (the API server takes them in parallel; a
 /// batch of 50 one after the other would hold up the next poll).
 const RUNNER_PATCH_CONCURRENCY: usize = 16;
-/// How long a job's fields wait for their runner to record the registration the job started on. The manager
-/// records it before it creates the pod, so before the runner can take a job, unless that write failed and is
-/// retried; a runner that registered again since never will.
-const REGISTRATION_WAIT: Duration = Duration::from_secs(60);
-/// The first wait before looking again, doubling up to [`REGISTRATION_RETRY_CAP`].
-const REGISTRATION_RETRY: Duration = Duration::from_secs(1);
-const REGISTRATION_RETRY_CAP: Duration = Duration::from_secs(8);
-
 /// Timings of the loop. The defaults are for production; tests shorten them.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -153,41 +145,17 @@ struct PendingRunnerPatch {
     patch: serde_json::Value,
     /// Failed tries so far.
     attempts: u32,
-    /// While the runner does not record the job's registration: when to look again, and until when.
-    registration_wait: Option<RegistrationWait>,
 }
 
-/// A job-fields write waiting for the runner to record the registration the job started on.
-#[derive(Debug, Clone, Copy)]
-struct RegistrationWait {
-    next: tokio::time::Instant,
-    backoff: Duration,
-    until: tokio::time::Instant,
-}
-
-impl RegistrationWait {
-    /// The first wait, from now.
-    fn start() -> Self {
-        let now = tokio::time::Instant::now();
-        Self {
-            next: now + REGISTRATION_RETRY,
-            backoff: REGISTRATION_RETRY,
-            until: now + REGISTRATION_WAIT,
-        }
-    }
-
-    /// The next wait after another miss, or `None` once the runner has had long enough.
-    fn again(self) -> Option<Self> {
-        let now = tokio::time::Instant::now();
-        (now < self.until).then(|| {
-            let backoff = (self.backoff * 2).min(REGISTRATION_RETRY_CAP);
-            Self {
-                next: now + backoff,
-                backoff,
-                until: self.until,
-            }
-        })
-    }
+/// A job's fields refused because the runner records another registration than the one the job started on: it
+/// registered again since (its pod was taken away before the listener heard of the job). The manager forgets a
+/// registration before it makes the next one, so waiting would not help.
+fn other_registration(runner: &str, runner_id: i64) {
+    tracing::info!(
+        runner,
+        runner_id,
+        "the EphemeralRunner runs under another registration than the one this job started on; its job fields are not written"
+    );
 }
 
 /// The message loop.
@@ -559,16 +527,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 Ok(RunnerPatched::NotFound) => {
                     tracing::info!(runner = %runner, "EphemeralRunner not found; skipping its status update");
                 }
-                Ok(RunnerPatched::OtherRegistration) => {
-                    tracing::info!(runner = %runner, runner_id, "the EphemeralRunner does not record the registration this job started on (yet); its job fields wait for it");
-                    self.pending_runner_patches.push(PendingRunnerPatch {
-                        runner,
-                        runner_id,
-                        patch,
-                        attempts: 0,
-                        registration_wait: Some(RegistrationWait::start()),
-                    });
-                }
+                Ok(RunnerPatched::OtherRegistration) => other_registration(&runner, runner_id),
                 Err(error) => {
                     tracing::warn!(error = %error_chain(&error), runner = %runner, "EphemeralRunner status update failed; will retry");
                     self.record_error(&error);
@@ -577,7 +536,6 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                         runner_id,
                         patch,
                         attempts: 1,
-                        registration_wait: None,
                     });
                 }
             }
@@ -610,32 +568,14 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
 
     async fn flush_runner_patches(&mut self) {
         let pending = std::mem::take(&mut self.pending_runner_patches);
-        let now = tokio::time::Instant::now();
         for mut item in pending {
-            if item.registration_wait.is_some_and(|wait| now < wait.next) {
-                self.pending_runner_patches.push(item);
-                continue;
-            }
             match self
                 .target
                 .patch_runner_status(&item.runner, item.runner_id, &item.patch)
                 .await
             {
                 Ok(RunnerPatched::OtherRegistration) => {
-                    let wait = item
-                        .registration_wait
-                        .map_or(Some(RegistrationWait::start()), RegistrationWait::again);
-                    match wait {
-                        Some(wait) => {
-                            item.registration_wait = Some(wait);
-                            self.pending_runner_patches.push(item);
-                        }
-                        None => tracing::info!(
-                            runner = %item.runner,
-                            runner_id = item.runner_id,
-                            "the EphemeralRunner runs under another registration than the one this job started on; its job fields are not written"
-                        ),
-                    }
+                    other_registration(&item.runner, item.runner_id)
                 }
                 Ok(_) => {
                     tracing::info!(runner = %item.runner, "EphemeralRunner status updated on retry")

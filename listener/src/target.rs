@@ -1,6 +1,6 @@
 //! What the listener writes to Kubernetes: the EphemeralRunnerSet's `replicas`/`patchID` (with the runners whose
 //! finished jobs the target leaves out, [`crds::constants::COMPLETED_RUNNERS_ANNOTATION`]) and an EphemeralRunner's
-//! job fields. Only these two patches are ever sent (the listener's RBAC allows nothing else, not even a read).
+//! job fields. Only these two writes are ever sent (the listener's RBAC allows nothing else, not even a read).
 
 use std::future::Future;
 
@@ -22,10 +22,10 @@ pub enum RunnerPatched {
     Patched,
     /// The runner no longer exists (it finished and was deleted): nothing to do.
     NotFound,
-    /// The runner does not record the registration the job started on: not yet (the manager records it before
-    /// creating the pod, but a write may be retried; tried again later), or no longer (it registered again since:
-    /// its pod was taken away before the listener heard of the job). Written anyway, another registration's job
-    /// would make an idle runner look busy for good: never scaled down, never replaced.
+    /// The runner records another registration than the one the job started on: it registered again since (its
+    /// pod was taken away before the listener heard of the job), or the status still shows the registration
+    /// before (tried again later). Written anyway, another registration's job would make an idle runner look busy
+    /// for good: never scaled down, never replaced.
     OtherRegistration,
 }
 
@@ -66,8 +66,8 @@ pub trait RunnerSetTarget: Send + Sync {
     ) -> impl Future<Output = Result<RunnerSetPatched>> + Send;
 
     /// Writes `fields` (a job's, [`crate::scaling::runner_job_status_patch`]) into the status of EphemeralRunner
-    /// `name` if it records registration `runner_id` (the one the job started on); 0 writes them whatever the
-    /// runner records.
+    /// `name` if it records registration `runner_id` (the one the job started on) or none yet, recording it then
+    /// ([`crds::job_fields_apply`]); 0 writes them whatever the runner records.
     fn patch_runner_status(
         &self,
         name: &str,
@@ -124,21 +124,28 @@ impl RunnerSetTarget for KubeTarget {
         runner_id: i64,
         fields: &Value,
     ) -> Result<RunnerPatched> {
-        let patch: Patch<Value> = if runner_id == 0 {
+        let (patch, params): (Patch<Value>, PatchParams) = if runner_id == 0 {
             // No registration to check the runner against: a merge patch, as ARC writes them.
-            Patch::Merge(fields.clone())
+            (Patch::Merge(fields.clone()), Self::params())
         } else {
-            Patch::Json(job_fields_patch(runner_id, fields))
+            (
+                Patch::Apply(crds::job_fields_apply(
+                    name,
+                    runner_id,
+                    &fields
+                        .get("status")
+                        .and_then(Value::as_object)
+                        .cloned()
+                        .unwrap_or_default(),
+                )),
+                PatchParams::apply(FIELD_MANAGER),
+            )
         };
-        match self
-            .runners
-            .patch_status(name, &Self::params(), &patch)
-            .await
-        {
+        match self.runners.patch_status(name, &params, &patch).await {
             Ok(_) => Ok(RunnerPatched::Patched),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(RunnerPatched::NotFound),
-            // The `test` did not hold (a runner with no status yet fails it too).
-            Err(kube::Error::Api(status)) if status.code == 422 => {
+            // The apply's conflict: the status records another registration.
+            Err(kube::Error::Api(status)) if status.code == 409 => {
                 Ok(RunnerPatched::OtherRegistration)
             }
             Err(source) => Err(Error::PatchEphemeralRunner {
@@ -147,37 +154,5 @@ impl RunnerSetTarget for KubeTarget {
                 source,
             }),
         }
-    }
-}
-
-/// The JSON patch writing the job `fields` (`{"status": {...}}`) into a runner's status if it records registration
-/// `runner_id`: a `test` the API server checks in the same request as the write, so no read is needed (the
-/// listener's RBAC has no `get`).
-pub fn job_fields_patch(runner_id: i64, fields: &Value) -> json_patch::Patch {
-    let status = fields
-        .get("status")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    crds::registration_guarded_status_patch(runner_id, &status)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_guarded_write_tests_the_registration_then_adds_each_field() {
-        let fields = json!({"status": {"jobRequestId": 7, "jobDisplayName": "build"}});
-        let patch = serde_json::to_value(job_fields_patch(42, &fields)).unwrap();
-        assert_eq!(
-            patch,
-            json!([
-                {"op": "test", "path": "/status/runnerId", "value": 42},
-                {"op": "add", "path": "/status/jobDisplayName", "value": "build"},
-                {"op": "add", "path": "/status/jobRequestId", "value": 7},
-            ])
-        );
     }
 }

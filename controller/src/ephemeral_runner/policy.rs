@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crds::constants::RUNNER_CONTAINER_NAME;
+use crds::constants::{RUNNER_CONTAINER_NAME, phase};
 use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -65,6 +65,30 @@ fn runner_status(pod: &CachedPod) -> Option<&ContainerStatus> {
         .as_ref()?
         .iter()
         .find(|status| status.name == RUNNER_CONTAINER_NAME)
+}
+
+/// Whether a pod that has not run yet is starting as pods do (its runner container not reported yet, or being
+/// created, or waiting for its init containers), rather than waiting on something (an image that cannot be
+/// pulled, a spec the kubelet cannot run, a node that does not come).
+pub fn starting_normally(pod: &CachedPod) -> bool {
+    let Some(runner) = runner_status(pod) else {
+        return !crate::pods::is_waiting_for_node(pod);
+    };
+    runner
+        .state
+        .as_ref()
+        .and_then(|state| state.waiting.as_ref())
+        .and_then(|waiting| waiting.reason.as_deref())
+        .is_none_or(|reason| matches!(reason, "ContainerCreating" | "PodInitializing"))
+}
+
+/// Whether `pod` is Pending and its runner container has not started (not reported yet, or waiting): no job can
+/// be running in it.
+pub fn runner_not_started(pod: &CachedPod) -> bool {
+    matches!(pod_phase(pod), "" | phase::PENDING)
+        && runner_status(pod)
+            .and_then(|status| status.state.as_ref())
+            .is_none_or(|state| state.running.is_none() && state.terminated.is_none())
 }
 
 fn exit_code(status: &ContainerStatus) -> Option<i32> {
@@ -280,7 +304,8 @@ mod tests {
     use super::*;
     use crate::pods::tests::condition;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStateTerminated, PodStatus,
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        PodStatus,
     };
     use proptest::prelude::*;
 
@@ -313,6 +338,53 @@ mod tests {
             }),
             ..CachedPod::default()
         }
+    }
+
+    fn waiting_pod(reason: &str) -> CachedPod {
+        let mut runner = container("runner", None);
+        runner.state = Some(ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.to_owned()),
+                ..ContainerStateWaiting::default()
+            }),
+            ..ContainerState::default()
+        });
+        CachedPod {
+            status: Some(PodStatus {
+                phase: Some("Pending".to_owned()),
+                container_statuses: Some(vec![runner]),
+                ..PodStatus::default()
+            }),
+            ..CachedPod::default()
+        }
+    }
+
+    #[test]
+    fn a_pod_starts_normally_until_it_waits_on_something() {
+        assert!(starting_normally(&pod("Pending", None)));
+        assert!(starting_normally(&waiting_pod("ContainerCreating")));
+        assert!(starting_normally(&waiting_pod("PodInitializing")));
+        assert!(!starting_normally(&waiting_pod("ImagePullBackOff")));
+        assert!(!starting_normally(&waiting_pod(
+            "CreateContainerConfigError"
+        )));
+        let mut unschedulable = pod("Pending", None);
+        unschedulable.status.as_mut().unwrap().conditions = Some(vec![condition(
+            "PodScheduled",
+            "False",
+            Some("Unschedulable"),
+            1,
+        )]);
+        assert!(!starting_normally(&unschedulable));
+    }
+
+    #[test]
+    fn a_runner_has_not_started_while_its_pod_is_pending_and_its_container_waits() {
+        assert!(runner_not_started(&pod("Pending", None)));
+        assert!(runner_not_started(&waiting_pod("ContainerCreating")));
+        assert!(!runner_not_started(&pod("Pending", Some(None))), "running");
+        assert!(!runner_not_started(&pod("Running", None)));
+        assert!(!runner_not_started(&pod("Running", Some(Some(0)))));
     }
 
     #[test]

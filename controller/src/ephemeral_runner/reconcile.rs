@@ -46,7 +46,7 @@ use super::lifecycle::{Facts, Next, PodFact, RunnerFact, SecretFact, decide};
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
 use super::policy::{
     CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay,
-    failure_delay, judge_pod, remaining_failure_backoff,
+    failure_delay, judge_pod, remaining_failure_backoff, starting_normally,
 };
 use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
@@ -144,6 +144,20 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     }
     let mut facts = step.initial_facts(pod.as_deref());
     let mut identity = step.recorded_identity();
+    if identity.is_some() {
+        ctx.runner_memory.identity_recorded(&step.uid);
+    } else if let Some(pod) = pod.as_deref() {
+        // A pod this process created, whose identity the status does not show yet: it was not written before
+        // the pod (see `Step::create_pod`).
+        identity = ctx
+            .runner_memory
+            .identity_of_pod(&step.uid, &pod.uid().unwrap_or_default())
+            .map(|(runner_id, runner_name)| JitIdentity {
+                runner_id,
+                runner_name,
+            });
+        facts.registered = identity.is_some();
+    }
     // The runner as the API server gave it before registering: the cache keeps no pod template
     // (`prune_cached_runner`), so the Secret and the pod are made from this copy.
     let mut fresh: Option<EphemeralRunner> = None;
@@ -309,6 +323,11 @@ struct StatusPatch {
     /// (the listener's; this controller only removes them) with it.
     #[serde(skip)]
     leaves: Option<i64>,
+    /// The resource version the write holds at: set when it records an identity the pass's view shows none of.
+    /// The listener may have recorded one with a job meanwhile (see `Step::create_pod`), maybe a registration's
+    /// this runner has left; a plain merge patch would put the new identity over that job.
+    #[serde(skip)]
+    holds_at: Option<String>,
 }
 
 impl StatusPatch {
@@ -374,7 +393,13 @@ impl StatusPatch {
                 }
                 Patch::Json(crds::registration_guarded_status_patch(recorded, &fields))
             }
-            (_, body) => Patch::Merge(json!({ "status": body })),
+            (_, body) => match &self.holds_at {
+                Some(version) => Patch::Merge(json!({
+                    "metadata": { "resourceVersion": version },
+                    "status": body,
+                })),
+                None => Patch::Merge(json!({ "status": body })),
+            },
         })
     }
 }
@@ -389,6 +414,8 @@ struct Step<'a> {
     api: Api<EphemeralRunner>,
     pods: Api<Pod>,
     secrets: Api<Secret>,
+    /// The resource version this pass's last status write left (the copy in hand predates it).
+    written_at: std::sync::Mutex<Option<String>>,
 }
 
 impl<'a> Step<'a> {
@@ -404,6 +431,7 @@ impl<'a> Step<'a> {
             secrets: Api::namespaced(client, &namespace),
             name,
             namespace,
+            written_at: std::sync::Mutex::default(),
         })
     }
 
@@ -440,7 +468,9 @@ impl<'a> Step<'a> {
                 && status.reason.is_empty()
                 && status.runner_id == 0
                 && status.failures.is_empty()
-                && self.ctx.runner_memory.last_disruption(&self.uid).is_none(),
+                && self.ctx.runner_memory.last_disruption(&self.uid).is_none()
+                && !self.ctx.runner_memory.knows_pod_identity(&self.uid)
+                && !self.ctx.runner_memory.pod_creation_failed(&self.uid),
         }
     }
 
@@ -569,6 +599,7 @@ impl<'a> Step<'a> {
             )
             .await
             .map(|mut written| {
+                *crate::context::lock(&self.written_at) = written.resource_version();
                 // Cached the way the watch caches it.
                 written.managed_fields_mut().clear();
                 super::prune_cached_runner(&mut written);
@@ -916,7 +947,11 @@ impl<'a> Step<'a> {
         if status.runner_id != identity.runner_id || status.runner_name != identity.runner_name {
             patch.runner_id = Some(Some(identity.runner_id));
             patch.runner_name = Some(Some(identity.runner_name.clone()));
-            if status.runner_id != identity.runner_id {
+            if status.runner_id == 0 {
+                patch.holds_at = crate::context::lock(&self.written_at)
+                    .clone()
+                    .or_else(|| self.runner.resource_version());
+            } else if status.runner_id != identity.runner_id {
                 patch.leave_registration(status.runner_id);
             }
         }
@@ -989,7 +1024,7 @@ impl<'a> Step<'a> {
         };
         match self.pods.create(&params, &pod).await {
             Ok(_) => Ok(None),
-            Err(error) => self.creation_refused(error, None).await.map(Some),
+            Err(error) => self.creation_refused(error, None, false).await.map(Some),
         }
     }
 
@@ -1002,24 +1037,37 @@ impl<'a> Step<'a> {
                     .await;
             }
         };
-        // One status write, before the pod exists: the identity and phase Pending (the API server makes every
-        // new pod Pending), clearing a quota, admission or deletion message from earlier attempts. Before, not
-        // after: the runner can take a job only once its pod runs, so the listener, which writes a job's fields
-        // only under the registration the job started on, always finds it recorded (written after the pod, it
-        // lagged the job's start for half the runners of a 500-job burst). Until it lands, the deregistration
-        // falls back to the Secret.
-        let mut patch = StatusPatch::default();
-        self.record_identity(identity, &mut patch);
+        // A first attempt writes no status before its pod: the identity goes into the status with the first state
+        // worth showing (the pod running, or waiting on something, see `follow`), one write fewer per runner. The
+        // listener may report the runner's job before that write: it records the identity with the job then (a
+        // server-side apply, refused when the status records another registration). A later attempt clears what
+        // the earlier ones left (a failure, a quota or admission message) before its pod, with the identity and
+        // phase Pending (the API server makes every new pod Pending), as one write.
         let status = self.status();
-        if status.phase != phase::PENDING || status.ready || !status.reason.is_empty() {
-            patch.phase = Some(RunnerPhase::Pending);
-            patch.ready = Some(false);
-            patch.explain(String::new(), String::new());
+        let recorded_before_pod = !status.phase.is_empty()
+            || status.ready
+            || !status.reason.is_empty()
+            || !status.message.is_empty()
+            || status.runner_id != 0;
+        if recorded_before_pod {
+            let mut patch = StatusPatch::default();
+            self.record_identity(identity, &mut patch);
+            if status.phase != phase::PENDING || status.ready || !status.reason.is_empty() {
+                patch.phase = Some(RunnerPhase::Pending);
+                patch.ready = Some(false);
+                patch.explain(String::new(), String::new());
+            }
+            self.patch_status(&patch).await?;
         }
-        self.patch_status(&patch).await?;
         match self.pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => {
+            Ok(created) => {
                 self.ctx.runner_memory.created_pod(&self.uid);
+                self.ctx.runner_memory.pod_runs_under(
+                    &self.uid,
+                    &created.uid().unwrap_or_default(),
+                    identity.runner_id,
+                    &identity.runner_name,
+                );
                 Ok(Action::requeue(self.ctx.options.resync_interval))
             }
             Err(error) if classify_create_error(&error) == CreateRejection::AlreadyExists => {
@@ -1035,16 +1083,21 @@ impl<'a> Step<'a> {
                     }),
                 }
             }
-            Err(error) => self.creation_refused(error, Some(identity)).await,
+            Err(error) => {
+                self.creation_refused(error, Some(identity), recorded_before_pod)
+                    .await
+            }
         }
     }
 
     /// The API server refused the pod. With `identity` (a real creation) the fresh config is discarded with its
-    /// registration, so no Secret outlives its chance of a pod.
+    /// registration, so no Secret outlives its chance of a pod. `recorded`: the pass recorded the identity in the
+    /// status before the creation (a later attempt, see `create_pod`).
     async fn creation_refused(
         &self,
         error: kube::Error,
         identity: Option<&JitIdentity>,
+        recorded: bool,
     ) -> Result<Action> {
         let (class, message) = match classify_create_error(&error) {
             CreateRejection::Invalid(message) => {
@@ -1082,8 +1135,10 @@ impl<'a> Step<'a> {
                 .await?;
             delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         }
-        self.pod_rejected(class, message, identity.map(|identity| identity.runner_id))
-            .await
+        let recorded_now = identity
+            .filter(|_| recorded)
+            .map(|identity| identity.runner_id);
+        self.pod_rejected(class, message, recorded_now).await
     }
 
     fn count_rejection(&self, reason: &'static str) {
@@ -1200,22 +1255,32 @@ impl<'a> Step<'a> {
             self.apply_job_metadata(&metadata, &pod_uid).await?;
         }
         match judge_pod(pod) {
-            PodVerdict::Wait => {
-                // A pod made just before a restart, whose status write was lost: record the identity now, or the
-                // runner stays unregistered in the set's eyes until its pod reports a container.
-                if let Some(identity) = identity {
-                    let mut patch = StatusPatch::default();
-                    self.record_identity(identity, &mut patch);
-                    self.patch_status(&patch).await?;
-                }
+            // Nothing to show yet: the identity waits for the first state worth a write (see `create_pod`).
+            PodVerdict::Wait if starting_normally(pod) => {
                 Ok(Action::requeue(self.ctx.options.resync_interval))
+            }
+            // No node for it: shown as Pending, with the identity.
+            PodVerdict::Wait => {
+                self.follow(
+                    phase::PENDING,
+                    false,
+                    String::new(),
+                    String::new(),
+                    false,
+                    identity,
+                )
+                .await
             }
             PodVerdict::Progress {
                 phase,
                 ready,
                 reason,
                 message,
-            } => self.follow(&phase, ready, reason, message, identity).await,
+            } => {
+                let starting = starting_normally(pod);
+                self.follow(&phase, ready, reason, message, starting, identity)
+                    .await
+            }
             // A pod read from the API server in this pass: its watch event brings the runner to the teardown lane.
             PodVerdict::Succeeded => Ok(Action::await_change()),
             PodVerdict::Outdated => self.mark_outdated(identity).await,
@@ -1271,16 +1336,30 @@ impl<'a> Step<'a> {
 
     /// The runner is starting or running: mirror the pod, and now and then make sure the service still knows
     /// the runner (a zombie is replaced; docs/reference/beyond-arc.md, item 7).
+    /// Mirrors the pod's progress into the status. `starting_normally`: the pod has not run yet and waits on
+    /// nothing ([`starting_normally`]).
     async fn follow(
         &self,
         pod_phase: &str,
         ready: bool,
         reason: String,
         message: String,
+        starting_normally: bool,
         identity: Option<&JitIdentity>,
     ) -> Result<Action> {
         let status = self.status();
-        if (status.phase != pod_phase || status.ready != ready) && !self.ended_meanwhile() {
+        // A pod starting as it should shows nothing an empty status does not: the first write waits for it to run
+        // or to wait on something, and carries the identity (see `create_pod`).
+        let starting = starting_normally
+            && status.phase.is_empty()
+            && pod_phase == phase::PENDING
+            && !ready
+            && reason.is_empty()
+            && message.is_empty();
+        if (status.phase != pod_phase || status.ready != ready)
+            && !starting
+            && !self.ended_meanwhile()
+        {
             let mut patch = StatusPatch {
                 phase: Some(RunnerPhase::of_pod(pod_phase)),
                 ready: Some(ready),

@@ -150,6 +150,23 @@ impl<'a> SetStep<'a> {
             .get(&ObjectRef::new(&runner.name_any()).within(&self.namespace))
     }
 
+    /// The registration `runner` holds: the one its status records, or, until the status records one, the one
+    /// this process created its pod `pod` under (the runner controller writes the identity with the pod's first
+    /// state worth showing). 0 when neither is known.
+    fn registration_of(&self, runner: &EphemeralRunner, pod: Option<&CachedPod>) -> i64 {
+        let recorded = runner.status.as_ref().map_or(0, |status| status.runner_id);
+        if recorded != 0 {
+            return recorded;
+        }
+        pod.and_then(|pod| {
+            self.ctx.runner_memory.identity_of_pod(
+                &runner.uid().unwrap_or_default(),
+                &pod.uid().unwrap_or_default(),
+            )
+        })
+        .map_or(0, |(runner_id, _)| runner_id)
+    }
+
     /// Whether every runner this process created or deleted for the set is visible in the cache.
     fn cache_caught_up(&self) -> bool {
         self.ctx.expectations.satisfied(
@@ -427,6 +444,7 @@ impl<'a> SetStep<'a> {
         let (candidates, retry_after) = removal_candidates(
             census,
             |runner| self.pod_of(runner),
+            |runner, pod| self.registration_of(runner, pod),
             grace,
             Timestamp::now(),
         );
@@ -541,7 +559,7 @@ impl<'a> SetStep<'a> {
         runner: &EphemeralRunner,
         actions: Option<&Actions>,
     ) -> Result<bool> {
-        let runner_id = runner.status.as_ref().map_or(0, |status| status.runner_id);
+        let runner_id = self.registration_of(runner, self.pod_of(runner).as_deref());
         let uid = runner.uid().unwrap_or_default();
         if runner_id != 0
             && !self.ctx.runner_memory.was_deregistered(&uid, runner_id)

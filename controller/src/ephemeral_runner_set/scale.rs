@@ -10,6 +10,7 @@ use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::ephemeral_runner::policy::runner_not_started;
 use crate::pods::CachedPod;
 use crate::pods::{is_waiting_for_node, ready_since};
 
@@ -243,7 +244,9 @@ pub fn stale_runners<'a>(census: &'a Census, hash: &str) -> Vec<&'a Arc<Ephemera
 /// Why a runner may not be removed by a scale-down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
-    /// Not registered yet (no runner id): nothing to deregister; reconsidered later.
+    /// No registration known (no runner id in the status, none kept for its pod) while its runner may have
+    /// started (no pod yet, mid-registration; or a pod whose runner container started): it cannot be asked about
+    /// before its deletion; reconsidered later.
     Unregistered,
     /// Assigned or running a job.
     HasJob,
@@ -253,10 +256,12 @@ pub enum Keep {
     JustReady(Duration),
 }
 
-/// Whether a runner (pending or running, with its pod if any) may be removed now.
+/// Whether a runner (pending or running, with its pod if any, registered as `registration`, 0 when not known)
+/// may be removed now.
 pub fn keep_reason(
     runner: &EphemeralRunner,
     pod: Option<&CachedPod>,
+    registration: i64,
     grace: Duration,
     now: Timestamp,
 ) -> Option<Keep> {
@@ -264,7 +269,9 @@ pub fn keep_reason(
     if status.has_job() {
         return Some(Keep::HasJob);
     }
-    if status.runner_id == 0 {
+    // A pod whose runner has not started holds no job: it may go without asking the service first, and its
+    // finalizer deregisters it (with the service's consent, should it start meanwhile).
+    if registration == 0 && !pod.is_some_and(runner_not_started) {
         return Some(Keep::Unregistered);
     }
     let pod = pod?;
@@ -281,10 +288,12 @@ pub fn keep_reason(
 
 /// Scale-down candidates in the order they are tried: pending runners oldest first, then running runners
 /// oldest first (ARC's order), minus those [`keep_reason`] protects. Also returns the shortest remaining grace
-/// period, so the caller can come back when a protected runner becomes removable.
+/// period, so the caller can come back when a protected runner becomes removable. `registration_of`: the
+/// registration a runner holds (its status's, or the one its pod was created under), 0 when not known.
 pub fn removal_candidates<'a>(
     census: &'a Census,
     pod_of: impl Fn(&EphemeralRunner) -> Option<Arc<CachedPod>>,
+    registration_of: impl Fn(&EphemeralRunner, Option<&CachedPod>) -> i64,
     grace: Duration,
     now: Timestamp,
 ) -> (Vec<&'a Arc<EphemeralRunner>>, Option<Duration>) {
@@ -306,7 +315,8 @@ pub fn removal_candidates<'a>(
         .chain(by_age(&census.running))
     {
         let pod = pod_of(runner);
-        match keep_reason(runner, pod.as_deref(), grace, now) {
+        let registration = registration_of(runner, pod.as_deref());
+        match keep_reason(runner, pod.as_deref(), registration, grace, now) {
             None => candidates.push(runner),
             Some(Keep::JustReady(left)) => {
                 retry_after = Some(retry_after.map_or(left, |current| current.min(left)));
@@ -324,6 +334,10 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use proptest::prelude::*;
+
+    fn recorded_registration(runner: &EphemeralRunner, _: Option<&CachedPod>) -> i64 {
+        runner.status.as_ref().map_or(0, |status| status.runner_id)
+    }
 
     fn runner(
         name: &str,
@@ -501,17 +515,42 @@ mod tests {
             runner("pending-young", "Pending", 9, 5, false, None),
             runner("idle-old", "Running", 0, 6, false, None),
             runner("idle-fresh", "Running", 1, 7, false, None),
+            // No identity recorded yet: removable only while its runner has not started.
+            runner("unrecorded-starting", "", 10, 0, false, None),
+            runner("unrecorded-running", "", 11, 0, false, None),
         ]);
         let now = Timestamp::from_second(1000).unwrap();
         let pod_of = |runner: &EphemeralRunner| match runner.name_any().as_str() {
             "waiting" => Some(unschedulable_pod()),
             "idle-old" => Some(ready_pod(100)),
             "idle-fresh" => Some(ready_pod(990)),
+            "unrecorded-starting" => Some(Arc::new(CachedPod {
+                status: Some(PodStatus {
+                    phase: Some("Pending".into()),
+                    ..PodStatus::default()
+                }),
+                ..CachedPod::default()
+            })),
+            "unrecorded-running" => Some(ready_pod(100)),
             _ => None,
         };
-        let (candidates, retry) = removal_candidates(&census, pod_of, Duration::from_secs(30), now);
+        let (candidates, retry) = removal_candidates(
+            &census,
+            pod_of,
+            recorded_registration,
+            Duration::from_secs(30),
+            now,
+        );
         let names: Vec<String> = candidates.iter().map(|runner| runner.name_any()).collect();
-        assert_eq!(names, ["pending-old", "pending-young", "idle-old"]);
+        assert_eq!(
+            names,
+            [
+                "pending-old",
+                "pending-young",
+                "unrecorded-starting",
+                "idle-old"
+            ]
+        );
         assert_eq!(retry, Some(Duration::from_secs(20)));
     }
 
@@ -555,7 +594,7 @@ mod tests {
                 prop_assert_eq!(serving - n, usize::try_from(replicas.max(0)).unwrap(), "held places remove nothing");
             }
             let now = Timestamp::from_second(150).unwrap();
-            let (candidates, _) = removal_candidates(&census, |_| Some(ready_pod(ready_at)), Duration::from_secs(30), now);
+            let (candidates, _) = removal_candidates(&census, |_| Some(ready_pod(ready_at)), recorded_registration, Duration::from_secs(30), now);
             for runner in candidates {
                 let status = runner.status.as_ref().unwrap();
                 prop_assert!(!status.has_job());

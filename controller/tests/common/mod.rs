@@ -241,6 +241,31 @@ impl Env {
             .collect()
     }
 
+    /// Waits for a runner's pod, runs it (the stand-in kubelet), and waits until the manager records the runner's
+    /// identity with its `Running` (a pod that has not run shows none); returns the runner as it is then.
+    pub async fn start_a_runner(&self) -> EphemeralRunner {
+        let name = self
+            .eventually("a runner's pod", || async {
+                self.pod_names().await.into_iter().next()
+            })
+            .await;
+        self.run_pod(&name).await;
+        self.eventually("the runner's identity recorded", || async {
+            let runner = self.runners_api().get(&name).await.ok()?;
+            (runner.status.as_ref()?.runner_id != 0).then_some(runner)
+        })
+        .await
+    }
+
+    /// Waits until the status of runner `name` records a registration (once its pod runs) and returns its id.
+    pub async fn recorded_runner_id(&self, name: &str) -> i64 {
+        self.eventually(&format!("{name}: its identity recorded"), || async {
+            let status = self.runners_api().get(name).await.ok()?.status?;
+            (status.runner_id != 0).then_some(status.runner_id)
+        })
+        .await
+    }
+
     /// Has the fake answer every `endpoint` request `millis` late.
     pub fn slow_down(&self, endpoint: &str, millis: u64) {
         self.fake
@@ -308,7 +333,6 @@ impl Env {
 
     /// The stand-in kubelet: the runner container runs and the pod is Ready.
     pub async fn run_pod(&self, name: &str) {
-        // The runner records its registration a moment before it creates its pod.
         self.eventually("the runner's pod", || async {
             self.pods_api().get_opt(name).await.expect("get pod")
         })
@@ -443,8 +467,10 @@ impl Env {
     }
 }
 
-/// Runners of a list that are registered (have a runner id).
-pub fn registered_runners(runners: &[EphemeralRunner]) -> usize {
+/// Runners of a list that are registered: the status records a runner id, or the service knows the runner's name
+/// (`registered`, [`Env::registered`]). The manager records the identity with the pod's first state worth showing
+/// (its running, or its waiting on something), so a runner whose pod has not started shows none yet.
+pub fn registered_runners(runners: &[EphemeralRunner], registered: &BTreeSet<String>) -> usize {
     runners
         .iter()
         .filter(|runner| {
@@ -452,6 +478,7 @@ pub fn registered_runners(runners: &[EphemeralRunner]) -> usize {
                 .status
                 .as_ref()
                 .is_some_and(|status| status.runner_id != 0)
+                || registered.contains(&runner.name_any())
         })
         .count()
 }
