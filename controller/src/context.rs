@@ -662,10 +662,10 @@ impl RunnerMemory {
 
     /// How long a pass that finds no pod in the cache should wait for the watch to bring the one this manager
     /// created for runner `uid`, if it created one less than `expect_for` ago; `pod_cached` clears the record.
-    /// An expectation cleared by the watch: with the runner's identity recorded before its pod, the status
-    /// write's own event starts a pass before the pod's does, which would otherwise read the Secret and the pod
-    /// from the API server to learn what this process already knows (1.2 reads per job in a 500-job burst). The
-    /// clock only bounds the wait: past it, the pass reads as before.
+    /// An expectation cleared by the watch: a pass the runner's own events start before the pod's (a later
+    /// attempt records the identity before its pod, and that write's event comes first) would otherwise read the
+    /// Secret and the pod from the API server to learn what this process already knows (1.2 reads per job in a
+    /// 500-job burst when every attempt did). The clock only bounds the wait: past it, the pass reads as before.
     pub fn awaiting_pod(
         &self,
         uid: &str,

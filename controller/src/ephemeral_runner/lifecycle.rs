@@ -102,8 +102,9 @@ pub struct Facts {
     pub secret: SecretFact,
     /// The runner, from the API server.
     pub fresh_runner: RunnerFact,
-    /// No attempt shows in the status (no phase, reason, identity or failure, no disruption remembered). With no
-    /// pod in the cache either, the Secret is not read before registering (its creation is refused if one exists).
+    /// No attempt shows in the status (no phase, reason, identity or failure), and this process remembers none (no
+    /// disruption, no pod it created or failed to create). With no pod in the cache either, the Secret is not read
+    /// before registering (its creation is refused if one exists).
     pub first_attempt: bool,
     /// The runner was made from an older template than its set's current one (by the set's cached copy): the
     /// set replaces it, so it registers nothing and starts no pod from the old template.

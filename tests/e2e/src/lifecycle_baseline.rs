@@ -5,11 +5,10 @@
 //! simulated kubelet's on runner pods, the bench's own on runners), so every write pays the watch fan-out it pays
 //! there. The benchmark reports its throughput as a fraction of this, and its burst → pods against this one's.
 //!
-//! One runner, in order: EphemeralRunner POST (with both finalizers), JIT Secret POST, pod POST, the runner's
-//! status with its identity and `Pending`; the kubelet's read of the Secret and its pod status `Running`, the
-//! runner's status `Running`, the listener's job fields, the job metadata on the pod; the kubelet's pod status
-//! `Succeeded`; then the runner's DELETE, the pod's and the Secret's, and the finalizers' removal: 14 writes and
-//! the kubelet's one read.
+//! One runner, in order: EphemeralRunner POST (with both finalizers), JIT Secret POST, pod POST; the kubelet's
+//! read of the Secret and its pod status `Running`, the runner's status `Running` with its identity, the
+//! listener's job fields, the job metadata on the pod; the kubelet's pod status `Succeeded`; then the runner's
+//! DELETE, the pod's and the Secret's, and the finalizers' removal: 13 writes and the kubelet's one read.
 
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,7 @@ use crate::simulator::{running_status, terminated_status};
 use crate::{Error, Result};
 
 /// Writes of one runner's life in the baseline.
-pub const WRITES_PER_RUNNER: usize = 14;
+pub const WRITES_PER_RUNNER: usize = 13;
 
 /// The objects every baseline runner is a copy of. From a measured run: its first runner, pod and JIT Secret as
 /// the API server gave them (the user's template in the runner's spec, the pod the manager builds from it, the
@@ -344,7 +343,7 @@ where
     while stream.next().await.is_some() {}
 }
 
-/// One runner's 14 writes, each after the one before.
+/// One runner's 13 writes, each after the one before.
 async fn one_life(
     (runners, pods, secrets): (&Api<EphemeralRunner>, &Api<Pod>, &Api<Secret>),
     (mut runner, secret, pod): (EphemeralRunner, Secret, Pod),
@@ -363,13 +362,6 @@ async fn one_life(
     pods.create(&post, &pod).await?;
     pod_created();
     let status = |fields: serde_json::Value| Patch::Merge(json!({ "status": fields }));
-    runners
-        .patch_status(
-            name,
-            &merge,
-            &status(json!({"phase": "Pending", "runnerId": 1, "runnerName": name})),
-        )
-        .await?;
     // The kubelet reads the Secret for the runner container's environment before it starts it.
     secrets.get(name).await?;
     pods.patch_status(name, &merge, &Patch::Merge(running_status()))
@@ -378,7 +370,7 @@ async fn one_life(
         .patch_status(
             name,
             &merge,
-            &status(json!({"phase": "Running", "ready": true})),
+            &status(json!({"phase": "Running", "ready": true, "runnerId": 1, "runnerName": name})),
         )
         .await?;
     runners
