@@ -193,6 +193,31 @@ impl Manager {
                 applied_completions.left(&key, &runner.name_any());
             }
         });
+        // A runner's pod that has not started, of a runner whose status records no identity yet: its set's scale-down
+        // keeps a runner without a known registration until its pod exists (docs/runner-lifecycle.md, "Scale-down:
+        // which runners may go"), and the runner's own status shows nothing of the pod, so the pod's event is the
+        // set's to hear.
+        let (pod_runners, pod_set_tx) = (runner_store.clone(), runner_deleted_tx.clone());
+        pod_fanout.observe(move |pod: &CachedPod| {
+            if !crate::ephemeral_runner::policy::runner_not_started(pod) {
+                return;
+            }
+            let Some(runner) = controller_owner::<_, EphemeralRunner>(pod)
+                .and_then(|runner| pod_runners.get(&runner))
+            else {
+                return;
+            };
+            if runner
+                .status
+                .as_ref()
+                .is_some_and(|status| status.runner_id != 0)
+            {
+                return;
+            }
+            if let Some(set) = controller_owner::<_, EphemeralRunnerSet>(runner.as_ref()) {
+                let _ = pod_set_tx.unbounded_send(set);
+            }
+        });
         let (pod_deleted_tx, pod_deleted_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunner>>();
 
         let watches = [

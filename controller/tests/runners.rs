@@ -194,6 +194,38 @@ async fn an_eviction_is_not_counted_as_a_failure() {
     manager.stop().await;
 }
 
+/// A scale-down that finds a runner mid-registration keeps it (it cannot be asked about before its deletion). Once
+/// its pod exists, its runner holds no job until the pod starts, so it may go; nothing on the runner object changes
+/// then (the manager records the identity only with the pod's first state worth showing), so the pod's appearance
+/// must bring the set back, or the runner would stay until it ran.
+#[tokio::test]
+async fn a_runner_kept_mid_registration_by_a_scale_down_goes_once_its_pod_exists() {
+    let env = Env::new("ers-mid-registration").await;
+    env.create_set("arc", 0, 0).await;
+    env.slow_down("generate_jit_config", 3_000);
+    let manager = env.start(env.options());
+
+    env.scale("arc", 1, 1).await;
+    env.eventually("the registration requested", || async {
+        (env.fake.state().count("generate_jit_config") == 1).then_some(())
+    })
+    .await;
+    // Authoritative: no runner wanted, while the only one waits for its JIT configuration.
+    env.scale("arc", 0, 0).await;
+    env.eventually("the runner gone once its pod was made", || async {
+        let gone = env.runners().await.is_empty() && env.pods().await.is_empty();
+        gone.then_some(())
+    })
+    .await;
+    assert_eq!(
+        env.fake.state().count("generate_jit_config"),
+        1,
+        "no registration after the scale-down"
+    );
+    assert!(env.registered().is_empty(), "its registration removed");
+    manager.stop().await;
+}
+
 #[tokio::test]
 async fn a_runner_busy_on_removal_is_requeued_until_its_job_ends() {
     let env = Env::new("er-busy").await;

@@ -3,7 +3,8 @@
 //! on deletion.
 //!
 //! Wiring: primary sets from the manager's shared set watch; owned runners from the shared runner watch; runner
-//! deletions (which shared watches do not forward) through `reconcile_on`.
+//! deletions (which shared watches do not forward), and the pods of runners whose status shows no identity yet
+//! (a scale-down may wait for them), through `reconcile_on`.
 
 pub mod completions;
 mod reconcile;
