@@ -127,24 +127,16 @@ impl Context {
         policy: ErrorRequeue,
     ) -> Action {
         let namespace = object.namespace().unwrap_or_default();
-        if error.is_gone(&K::kind(&()), &namespace, &object.name_any()) {
-            tracing::debug!(
-                controller,
-                name = %object.name_any(),
-                namespace,
-                %error,
-                "the object was deleted during its reconcile; nothing left to do"
-            );
-            return Action::await_change();
-        }
-        if error.is_overtaken(&K::kind(&()), &namespace, &object.name_any()) {
-            tracing::debug!(
-                controller,
-                name = %object.name_any(),
-                namespace,
-                %error,
-                "the object changed since the pass's view; its watch event brings it back"
-            );
+        let (kind, name) = (K::kind(&()), object.name_any());
+        let settled = if error.is_gone(&kind, &namespace, &name) {
+            Some("the object was deleted during its reconcile; nothing left to do")
+        } else if error.is_overtaken(&kind, &namespace, &name) {
+            Some("the object changed since the pass's view; its watch event brings it back")
+        } else {
+            None
+        };
+        if let Some(why) = settled {
+            tracing::debug!(controller, name, namespace, %error, "{why}");
             return Action::await_change();
         }
         let mut delay = self.backoff.next_delay(&backoff_key(controller, object));

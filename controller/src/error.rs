@@ -361,21 +361,22 @@ impl Error {
     /// pass was about was deleted meanwhile (a runner's status written just as its teardown removed it), so
     /// nothing is left to do and nothing to warn about.
     pub fn is_gone(&self, kind: &str, namespace: &str, name: &str) -> bool {
-        matches!(
-            self,
-            Self::PatchObject { kind: patched, namespace: ns, name: n, source, .. }
-                if patched == kind && ns == namespace && n == name && is_status(source, 404)
-        )
+        self.is_patch_answered(kind, namespace, name, 404)
     }
 
     /// Whether this is a patch of object `kind` `namespace`/`name` that the API server answered 409: it held at a
     /// resource version the object has moved past (a write the pass's view did not show yet), whose watch event
     /// brings the object back for a pass that sees it.
     pub fn is_overtaken(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        self.is_patch_answered(kind, namespace, name, 409)
+    }
+
+    /// Whether this is a patch of object `kind` `namespace`/`name` that the API server answered `code`.
+    fn is_patch_answered(&self, kind: &str, namespace: &str, name: &str, code: u16) -> bool {
         matches!(
             self,
             Self::PatchObject { kind: patched, namespace: ns, name: n, source, .. }
-                if patched == kind && ns == namespace && n == name && is_status(source, 409)
+                if patched == kind && ns == namespace && n == name && is_status(source, code)
         )
     }
 

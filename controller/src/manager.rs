@@ -175,8 +175,9 @@ impl Manager {
             }
         };
 
-        let (runner_deleted_tx, runner_deleted_rx) =
-            mpsc::unbounded::<ObjectRef<EphemeralRunnerSet>>();
+        // Sets to reconcile beyond their own and their runners' changes: a runner of theirs deleted (the shared
+        // watches forward no deletions), or a pod made for a runner whose status shows no identity yet.
+        let (set_wakeup_tx, set_wakeup_rx) = mpsc::unbounded::<ObjectRef<EphemeralRunnerSet>>();
         let expectations = Arc::new(Expectations::default());
         let runner_memory = Arc::new(RunnerMemory::default());
         let (deleted_expectations, deleted_memory) =
@@ -197,7 +198,7 @@ impl Manager {
         // keeps a runner without a known registration until its pod exists (docs/runner-lifecycle.md, "Scale-down:
         // which runners may go"), and the runner's own status shows nothing of the pod, so the pod's event is the
         // set's to hear.
-        let (pod_runners, pod_set_tx) = (runner_store.clone(), runner_deleted_tx.clone());
+        let (pod_runners, pod_set_tx) = (runner_store.clone(), set_wakeup_tx.clone());
         pod_fanout.observe(move |pod: &CachedPod| {
             if !crate::ephemeral_runner::policy::runner_not_started(pod) {
                 return;
@@ -245,7 +246,7 @@ impl Manager {
                             deleted_completions.left(&key, &runner.name_any());
                         }
                         deleted_expectations.gone(&key, &runner.name_any());
-                        let _ = runner_deleted_tx.unbounded_send(owner);
+                        let _ = set_wakeup_tx.unbounded_send(owner);
                     }
                 },
                 crate::ephemeral_runner::prune_cached_runner,
@@ -348,7 +349,7 @@ impl Manager {
                 Arc::clone(&ctx),
                 sets_for_set_controller,
                 runners_for_set_controller,
-                runner_deleted_rx,
+                set_wakeup_rx,
                 stopped(&shutdown),
             ),
         );

@@ -430,7 +430,7 @@ async fn a_job_reported_for_a_registration_being_given_up_does_not_stick_to_the_
             &Patch::Apply(crds::job_fields_apply(
                 &name,
                 old_id,
-                fields.as_object().expect("fields"),
+                fields.as_object().expect("fields").clone(),
             )),
         )
         .await

@@ -248,16 +248,15 @@ impl EphemeralRunner {
 pub fn job_fields_apply(
     name: &str,
     runner_id: i64,
-    fields: &serde_json::Map<String, serde_json::Value>,
+    mut fields: serde_json::Map<String, serde_json::Value>,
 ) -> serde_json::Value {
     use kube_core::Resource;
-    let mut status = fields.clone();
-    status.insert("runnerId".to_owned(), runner_id.into());
+    fields.insert("runnerId".to_owned(), runner_id.into());
     serde_json::json!({
         "apiVersion": EphemeralRunner::api_version(&()),
         "kind": EphemeralRunner::kind(&()),
         "metadata": { "name": name },
-        "status": status,
+        "status": fields,
     })
 }
 
@@ -333,7 +332,7 @@ mod tests {
     fn a_job_is_applied_with_the_registration_it_started_on() {
         let fields = serde_json::json!({"jobRequestId": 7, "jobDisplayName": "build"});
         assert_eq!(
-            job_fields_apply("runner-a", 42, fields.as_object().unwrap()),
+            job_fields_apply("runner-a", 42, fields.as_object().unwrap().clone()),
             serde_json::json!({
                 "apiVersion": "actions.github.com/v1alpha1",
                 "kind": "EphemeralRunner",

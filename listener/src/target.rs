@@ -132,7 +132,7 @@ impl RunnerSetTarget for KubeTarget {
                 Patch::Apply(crds::job_fields_apply(
                     name,
                     runner_id,
-                    &fields
+                    fields
                         .get("status")
                         .and_then(Value::as_object)
                         .cloned()

@@ -24,6 +24,7 @@ use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
 pub use cache::{prune_cached_pod, prune_cached_runner};
+pub(crate) use reconcile::known_identity;
 pub use reconcile::{
     POD_CREATION_FAILED_EVENT, POD_DELETED_EVENT, POD_DELETED_REASON, in_teardown,
 };

@@ -51,7 +51,7 @@ use super::policy::{
 use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
 };
-use crate::context::Context;
+use crate::context::{Context, RunnerMemory};
 use crate::ephemeral_runner_set::completions::owner_set_key;
 use crate::error::{Error, Result, is_status};
 use crate::hash::runner_spec_hash;
@@ -143,19 +143,12 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
         return Ok(Action::requeue(wait));
     }
     let mut facts = step.initial_facts(pod.as_deref());
-    let mut identity = step.recorded_identity();
-    if identity.is_some() {
+    let mut identity = known_identity(&ctx.runner_memory, &runner, pod.as_deref());
+    if facts.registered {
         ctx.runner_memory.identity_recorded(&step.uid);
-    } else if let Some(pod) = pod.as_deref() {
+    } else {
         // A pod this process created, whose identity the status does not show yet: it was not written before
         // the pod (see `Step::create_pod`).
-        identity = ctx
-            .runner_memory
-            .identity_of_pod(&step.uid, &pod.uid().unwrap_or_default())
-            .map(|(runner_id, runner_name)| JitIdentity {
-                runner_id,
-                runner_name,
-            });
         facts.registered = identity.is_some();
     }
     // The runner as the API server gave it before registering: the cache keeps no pod template
@@ -250,6 +243,33 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     }
     tracing::warn!("a runner pass did not settle; it runs again");
     Ok(Action::requeue(ctx.options.resync_interval))
+}
+
+/// The registration `runner` runs under as far as this process knows: the one its status records, or, until the
+/// status records one, the one this process created its pod `pod` under (the identity goes into the status with
+/// the pod's first state worth showing, see `Step::create_pod`).
+pub(crate) fn known_identity(
+    memory: &RunnerMemory,
+    runner: &EphemeralRunner,
+    pod: Option<&CachedPod>,
+) -> Option<JitIdentity> {
+    let status = runner.status.as_ref();
+    if let Some(status) = status.filter(|status| status.runner_id != 0) {
+        return Some(JitIdentity {
+            runner_id: status.runner_id,
+            runner_name: status.runner_name.clone(),
+        });
+    }
+    let pod = pod?;
+    memory
+        .identity_of_pod(
+            &runner.uid().unwrap_or_default(),
+            &pod.uid().unwrap_or_default(),
+        )
+        .map(|(runner_id, runner_name)| JitIdentity {
+            runner_id,
+            runner_name,
+        })
 }
 
 /// What the pod in hand says, for [`decide`].
@@ -932,15 +952,6 @@ impl<'a> Step<'a> {
         Ok(Action::await_change())
     }
 
-    /// The identity recorded in the status, once there is one.
-    fn recorded_identity(&self) -> Option<JitIdentity> {
-        let status = self.status();
-        (status.runner_id != 0).then_some(JitIdentity {
-            runner_id: status.runner_id,
-            runner_name: status.runner_name,
-        })
-    }
-
     /// Records `identity` in `patch` when the status does not hold it yet.
     fn record_identity(&self, identity: &JitIdentity, patch: &mut StatusPatch) {
         let status = self.status();
@@ -1335,9 +1346,8 @@ impl<'a> Step<'a> {
     }
 
     /// The runner is starting or running: mirror the pod, and now and then make sure the service still knows
-    /// the runner (a zombie is replaced; docs/reference/beyond-arc.md, item 7).
-    /// Mirrors the pod's progress into the status. `starting_normally`: the pod has not run yet and waits on
-    /// nothing ([`starting_normally`]).
+    /// the runner (a zombie is replaced; docs/reference/beyond-arc.md, item 7). `starting_normally`: the pod has
+    /// not run yet and waits on nothing ([`starting_normally`]).
     async fn follow(
         &self,
         pod_phase: &str,

@@ -49,13 +49,13 @@ pub async fn run(
     ctx: Arc<Context>,
     sets: impl Stream<Item = Arc<EphemeralRunnerSet>> + Send + 'static,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
-    runner_deletions: impl Stream<Item = ObjectRef<EphemeralRunnerSet>> + Send + 'static,
+    wakeups: impl Stream<Item = ObjectRef<EphemeralRunnerSet>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let config = Config::default().concurrency(ctx.options.runner_set_concurrency);
     Controller::for_shared_stream(sets, ctx.stores.runner_sets.clone())
         .owns_shared_stream(runners)
-        .reconcile_on(runner_deletions)
+        .reconcile_on(wakeups)
         .with_config(config)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

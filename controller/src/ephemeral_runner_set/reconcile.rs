@@ -42,7 +42,7 @@ use super::scale::{
 };
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::context::Context;
-use crate::ephemeral_runner::in_teardown;
+use crate::ephemeral_runner::{in_teardown, known_identity};
 use crate::error::{Error, Result};
 use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::kubeutil::{
@@ -154,17 +154,8 @@ impl<'a> SetStep<'a> {
     /// this process created its pod `pod` under (the runner controller writes the identity with the pod's first
     /// state worth showing). 0 when neither is known.
     fn registration_of(&self, runner: &EphemeralRunner, pod: Option<&CachedPod>) -> i64 {
-        let recorded = runner.status.as_ref().map_or(0, |status| status.runner_id);
-        if recorded != 0 {
-            return recorded;
-        }
-        pod.and_then(|pod| {
-            self.ctx.runner_memory.identity_of_pod(
-                &runner.uid().unwrap_or_default(),
-                &pod.uid().unwrap_or_default(),
-            )
-        })
-        .map_or(0, |(runner_id, _)| runner_id)
+        known_identity(&self.ctx.runner_memory, runner, pod)
+            .map_or(0, |identity| identity.runner_id)
     }
 
     /// Whether every runner this process created or deleted for the set is visible in the cache.
