@@ -38,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::pods::CachedPod;
+use crate::relist::Relist;
 use crate::{autoscaling_listener, autoscaling_runner_set, ephemeral_runner, ephemeral_runner_set};
 
 /// Reporting controller name on Events.
@@ -620,7 +621,7 @@ fn controller_owner<K: Resource, O: Resource<DynamicType = ()>>(obj: &K) -> Opti
 }
 
 /// Drives a watch into its store until `stop`, handing every applied object to the subscribers and calling
-/// `on_delete` for every deleted one.
+/// `on_delete` for every deleted one, also those a re-list shows only by leaving them out.
 fn spawn_watch<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -652,6 +653,8 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    let cache = writer.as_reader();
+    let mut relist = Relist::default();
     tokio::spawn(async move {
         let mut events = pin!(
             watcher(api, config)
@@ -666,9 +669,20 @@ where
             tokio::select! {
                 () = stop.cancelled() => return,
                 event = events.next() => match event {
-                    Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => fanout.send(obj),
+                    Some(Ok(watcher::Event::Apply(obj))) => fanout.send(obj),
                     Some(Ok(watcher::Event::Delete(obj))) => on_delete(&obj),
-                    Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+                    // A re-list: what it leaves out was deleted while the watch was not following (see
+                    // `crate::relist`). The cache still holds the previous state until the list completes.
+                    Some(Ok(watcher::Event::Init)) => relist.begin(cache.state()),
+                    Some(Ok(watcher::Event::InitApply(obj))) => {
+                        relist.listed(&obj);
+                        fanout.send(obj);
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        for obj in relist.complete() {
+                            on_delete(&obj);
+                        }
+                    }
                     Some(Err(error)) => tracing::warn!(%error, kind = %K::kind(&K::DynamicType::default()), "watch error; retrying"),
                     None => return,
                 },

@@ -32,7 +32,7 @@ use serde::Serialize;
 use test_harness::requests::{diff, is_write_verb, parse_requests};
 
 use crate::checks;
-use crate::simulator::SimulatorConfig;
+use crate::simulator::{Relisted, SimulatorConfig};
 use crate::world::{World, WorldConfig};
 use crate::{Error, Result};
 
@@ -681,8 +681,12 @@ impl RunnerWatch {
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
             let mut events = watcher(api, watcher::Config::default()).boxed();
+            let mut relist = Relisted::default();
             while let Some(event) = events.next().await {
                 let mut state = shared.lock().unwrap_or_else(|p| p.into_inner());
+                if let Ok(watcher::Event::InitApply(er)) = &event {
+                    relist.listed(er.name_any());
+                }
                 match event {
                     Ok(watcher::Event::Apply(er) | watcher::Event::InitApply(er)) => {
                         if state.sample.is_none() {
@@ -703,7 +707,16 @@ impl RunnerWatch {
                         state.live.remove(&name);
                         state.deleted.entry(name).or_insert_with(Instant::now);
                     }
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
+                    Ok(watcher::Event::Init) => relist.begin(),
+                    // A re-list: the runners it no longer holds were deleted while the watch was not following.
+                    Ok(watcher::Event::InitDone) => {
+                        let live = state.live.iter().cloned().collect::<Vec<_>>();
+                        for name in relist.missing(live) {
+                            state.live.remove(&name);
+                            state.deleted.entry(name).or_insert_with(Instant::now);
+                        }
+                    }
+                    Err(_) => {}
                 }
             }
         });

@@ -7,6 +7,11 @@
 //! resolve different dependency features and rebuild half the dependency graph (minutes on a small machine),
 //! while this is a no-op after `cargo test --workspace`. The path comes from cargo's JSON messages, so
 //! `CARGO_TARGET_DIR` and profiles just work.
+//!
+//! A release caller is a benchmark. It gets the binaries the project image ships (the manager and the listener)
+//! built exactly as the Dockerfile builds them: the `dist` profile (whole-program optimisation, which takes a
+//! quarter off the code a process keeps resident) and the same packages, so the memory and CPU a benchmark
+//! reports are the image's. Any other binary comes from the workspace's release build.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -33,25 +38,14 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
         return Ok(path.clone());
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let mut cmd = Command::new(&cargo);
-    cmd.args([
-        "build",
-        "--message-format=json",
-        "--workspace",
-        "--lib",
-        "--bins",
-    ]);
-    // A release caller is a benchmark (`cargo build --release --workspace --lib --bins` first makes this a
-    // no-op); only debug callers are tests, whose `cargo test` also built the test targets.
-    if cfg!(debug_assertions) {
-        cmd.arg("--tests");
-    } else {
-        cmd.arg("--release");
-    }
-    let output = cmd.output().map_err(|source| Error::StartProcess {
-        name: format!("{cargo} build --workspace (for {package}/{bin})"),
-        source,
-    })?;
+    let args = build_args(package, bin, cfg!(debug_assertions));
+    let output = Command::new(&cargo)
+        .args(&args)
+        .output()
+        .map_err(|source| Error::StartProcess {
+            name: format!("{cargo} {} (for {package}/{bin})", args.join(" ")),
+            source,
+        })?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let path = stdout
         .lines()
@@ -91,6 +85,38 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
     }
 }
 
+/// The binaries of the project image, by package and name.
+pub const SHIPPED_BINARIES: [(&str, &str); 2] =
+    [("controller", "manager"), ("listener", "listener")];
+
+/// The cargo profile the image is built with (`[profile.dist]` in the workspace's Cargo.toml).
+pub const SHIPPED_PROFILE: &str = "dist";
+
+/// What the Dockerfile passes to `cargo build`: the shipped binaries, in the shipped profile.
+pub fn shipped_build_args() -> Vec<&'static str> {
+    let mut args = vec!["--profile", SHIPPED_PROFILE, "--locked"];
+    for (package, bin) in SHIPPED_BINARIES {
+        args.extend(["-p", package, "--bin", bin]);
+    }
+    args
+}
+
+/// The `cargo` arguments that build binary `bin` of `package` for a debug caller (a test: everything `cargo test
+/// --workspace` builds, so nothing is built twice) or a release one (a benchmark: a shipped binary as the image
+/// has it, any other from the workspace's release build, which `cargo build --release --workspace --lib --bins`
+/// beforehand makes a no-op).
+fn build_args(package: &str, bin: &str, debug: bool) -> Vec<&'static str> {
+    let mut args = vec!["build", "--message-format=json"];
+    if debug {
+        args.extend(["--workspace", "--lib", "--bins", "--tests"]);
+    } else if SHIPPED_BINARIES.contains(&(package, bin)) {
+        args.extend(shipped_build_args());
+    } else {
+        args.extend(["--workspace", "--lib", "--bins", "--release"]);
+    }
+    args
+}
+
 /// `bin` in the prebuilt directory `dir` (the value of [`PREBUILT_BIN_DIR_ENV`]), or `None` when no directory is
 /// set. A directory without the binary is an error rather than a silent, slow build of every test target.
 fn prebuilt_binary(dir: Option<std::ffi::OsString>, bin: &str) -> Option<Result<PathBuf, Error>> {
@@ -105,6 +131,50 @@ fn prebuilt_binary(dir: Option<std::ffi::OsString>, bin: &str) -> Option<Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_benchmark_gets_the_shipped_binaries_as_the_image_has_them() {
+        for (package, bin) in SHIPPED_BINARIES {
+            let args = build_args(package, bin, false);
+            assert!(
+                args.windows(2).any(|w| w == ["--profile", "dist"]),
+                "{args:?}"
+            );
+            assert!(!args.contains(&"--workspace"), "{args:?}");
+        }
+        let other = build_args("fake-actions-service", "fake-actions-service", false);
+        assert!(
+            other.contains(&"--release") && other.contains(&"--workspace"),
+            "{other:?}"
+        );
+        let test = build_args("controller", "manager", true);
+        assert!(
+            test.contains(&"--tests") && !test.contains(&"--release"),
+            "{test:?}"
+        );
+    }
+
+    #[test]
+    fn the_dockerfile_builds_what_a_benchmark_measures() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Dockerfile");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let build = text
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("cargo build "))
+            .expect("the Dockerfile runs `cargo build`");
+        let args: Vec<&str> = build
+            .split_whitespace()
+            .take_while(|a| *a != "\\")
+            .collect();
+        assert_eq!(
+            args,
+            shipped_build_args(),
+            "the Dockerfile's `cargo build` line"
+        );
+        let copied = format!("target/{SHIPPED_PROFILE}/manager");
+        assert!(text.contains(&copied), "the Dockerfile copies {copied}");
+    }
 
     #[test]
     fn prebuilt_directory_is_used_only_when_set_and_must_hold_the_binary() {
