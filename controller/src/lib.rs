@@ -34,7 +34,7 @@ pub mod options;
 pub mod pods;
 pub mod proxy;
 pub mod ratelimit;
-mod relist;
+pub mod relist;
 pub mod server;
 pub mod telemetry;
 

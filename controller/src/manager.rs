@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::pods::CachedPod;
-use crate::relist::Relist;
+use crate::relist::with_relist_deletions;
 use crate::{autoscaling_listener, autoscaling_runner_set, ephemeral_runner, ephemeral_runner_set};
 
 /// Reporting controller name on Events.
@@ -654,35 +654,24 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     let cache = writer.as_reader();
-    let mut relist = Relist::default();
     tokio::spawn(async move {
-        let mut events = pin!(
+        let mut events = pin!(with_relist_deletions(
             watcher(api, config)
                 .default_backoff()
                 .modify(move |obj| {
                     obj.managed_fields_mut().clear();
                     prune(obj);
                 })
-                .reflect(writer)
-        );
+                .reflect(writer),
+            cache,
+        ));
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 event = events.next() => match event {
-                    Some(Ok(watcher::Event::Apply(obj))) => fanout.send(obj),
+                    Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => fanout.send(obj),
                     Some(Ok(watcher::Event::Delete(obj))) => on_delete(&obj),
-                    // A re-list: what it leaves out was deleted while the watch was not following (see
-                    // `crate::relist`). The cache still holds the previous state until the list completes.
-                    Some(Ok(watcher::Event::Init)) => relist.begin(cache.state()),
-                    Some(Ok(watcher::Event::InitApply(obj))) => {
-                        relist.listed(&obj);
-                        fanout.send(obj);
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        for obj in relist.complete() {
-                            on_delete(&obj);
-                        }
-                    }
+                    Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
                     Some(Err(error)) => tracing::warn!(%error, kind = %K::kind(&K::DynamicType::default()), "watch error; retrying"),
                     None => return,
                 },

@@ -4,18 +4,53 @@
 //! watch cache no longer holds the resource version the watch had reached (after an API server restart, or on a
 //! busy cluster whose changes outrun the cache's window). An object deleted meanwhile never comes as a `Delete`
 //! event; it is only missing from the new list. The watch's cache drops it when the list completes, but the
-//! manager's deletion hooks (a set's expectations, what the runner controller remembers of a runner, the owner's
-//! wake-up) run on events, so without [`Relist`] they would never run for it: a set would wait out its
-//! expectations and the runner memory would keep the runner's entries for the life of the process.
+//! manager's deletion hooks (what the runner controller remembers of a runner, the count of runners that left with a
+//! job, the owner's wake-up) run on events, so without [`with_relist_deletions`] they would never run for it: the
+//! runner memory would keep the runner's entries for the life of the process, and its set or runner would not be
+//! woken.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use futures::{Stream, StreamExt, stream};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
+
+/// `events` (a watch already feeding `cache`, through `reflect`), with a `Delete` event after each completed
+/// re-list for every object the cache held before it that the list left out. Whoever handles deletions then
+/// sees every one, whether the API server reported it or a re-list only implies it.
+pub fn with_relist_deletions<K, E>(
+    events: impl Stream<Item = Result<watcher::Event<K>, E>>,
+    cache: Store<K>,
+) -> impl Stream<Item = Result<watcher::Event<K>, E>>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let mut relist = Relist::default();
+    events.flat_map(move |event| {
+        let mut implied = Vec::new();
+        match &event {
+            // The reflector has started a new list but the cache serves the previous state until it completes.
+            Ok(watcher::Event::Init) => relist.begin(cache.state()),
+            Ok(watcher::Event::InitApply(obj)) => relist.listed(obj),
+            Ok(watcher::Event::InitDone) => {
+                implied = relist
+                    .complete()
+                    .into_iter()
+                    .map(|obj| Ok(watcher::Event::Delete(K::clone(&obj))))
+                    .collect();
+            }
+            _ => {}
+        }
+        stream::iter(std::iter::once(event).chain(implied))
+    })
+}
 
 /// Follows one watch's lists: what its cache held when a list began, and what the list holds.
 #[derive(Debug)]
-pub(crate) struct Relist<K> {
+struct Relist<K> {
     before: Vec<Arc<K>>,
     listed: HashSet<String>,
 }
@@ -32,20 +67,20 @@ impl<K> Default for Relist<K> {
 impl<K: Resource> Relist<K> {
     /// A list begins (`Init`); `cached` is what the watch's cache holds, which it keeps until the list completes.
     /// A list that failed half way and starts over begins again from the same cache.
-    pub(crate) fn begin(&mut self, cached: Vec<Arc<K>>) {
+    fn begin(&mut self, cached: Vec<Arc<K>>) {
         self.before = cached;
         self.listed.clear();
     }
 
     /// The list holds `obj` (`InitApply`).
-    pub(crate) fn listed(&mut self, obj: &K) {
+    fn listed(&mut self, obj: &K) {
         self.listed.insert(identity(obj));
     }
 
     /// The list is complete (`InitDone`): the objects cached before it that it does not hold, deleted while the
     /// watch was not following. An object recreated under the same name in between is a new object (another uid),
     /// so the old one is among them.
-    pub(crate) fn complete(&mut self) -> Vec<Arc<K>> {
+    fn complete(&mut self) -> Vec<Arc<K>> {
         let listed = std::mem::take(&mut self.listed);
         std::mem::take(&mut self.before)
             .into_iter()

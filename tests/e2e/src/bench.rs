@@ -22,17 +22,18 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use controller::relist::with_relist_deletions;
 use crds::EphemeralRunner;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use test_harness::requests::{diff, is_write_verb, parse_requests};
 
 use crate::checks;
-use crate::simulator::{Relisted, SimulatorConfig};
+use crate::simulator::SimulatorConfig;
 use crate::world::{World, WorldConfig};
 use crate::{Error, Result};
 
@@ -680,13 +681,16 @@ impl RunnerWatch {
         let api: Api<EphemeralRunner> = Api::namespaced(client, namespace);
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default()).boxed();
-            let mut relist = Relisted::default();
+            // A re-list's implied deletions come as events too (the runners it no longer holds were deleted while
+            // the watch was not following).
+            let (cache, writer) = reflector::store();
+            let mut events = with_relist_deletions(
+                watcher(api, watcher::Config::default()).reflect(writer),
+                cache,
+            )
+            .boxed();
             while let Some(event) = events.next().await {
                 let mut state = shared.lock().unwrap_or_else(|p| p.into_inner());
-                if let Ok(watcher::Event::InitApply(er)) = &event {
-                    relist.listed(er.name_any());
-                }
                 match event {
                     Ok(watcher::Event::Apply(er) | watcher::Event::InitApply(er)) => {
                         if state.sample.is_none() {
@@ -707,16 +711,7 @@ impl RunnerWatch {
                         state.live.remove(&name);
                         state.deleted.entry(name).or_insert_with(Instant::now);
                     }
-                    Ok(watcher::Event::Init) => relist.begin(),
-                    // A re-list: the runners it no longer holds were deleted while the watch was not following.
-                    Ok(watcher::Event::InitDone) => {
-                        let live = state.live.iter().cloned().collect::<Vec<_>>();
-                        for name in relist.missing(live) {
-                            state.live.remove(&name);
-                            state.deleted.entry(name).or_insert_with(Instant::now);
-                        }
-                    }
-                    Err(_) => {}
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
                 }
             }
         });

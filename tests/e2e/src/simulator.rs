@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use controller::relist::with_relist_deletions;
 use crds::constants::{
     EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE, RUNNER_CONTAINER_NAME,
 };
@@ -36,7 +37,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use node_images::runner::{Event, JobBehaviour, Poll, RunnerService, Session, Termination};
 use serde::Serialize;
@@ -396,36 +397,21 @@ async fn watch(shared: Arc<Shared>, pods: Api<Pod>) {
     let config = watcher::Config::default().labels(&format!(
         "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
     ));
-    let mut events = watcher(pods, config).boxed();
-    let mut relist = Relisted::default();
+    // Through a cache of its own so that a re-list's implied deletions come as events: a kubelet whose watch had
+    // to list again stops the pods the list no longer holds, deleted while it was not following.
+    let (cache, writer) = reflector::store();
+    let mut events = with_relist_deletions(watcher(pods, config).reflect(writer), cache).boxed();
     while let Some(event) = events.next().await {
-        if let Ok(watcher::Event::InitApply(pod)) = &event {
-            relist.listed(pod.uid().unwrap_or_default());
-        }
         match event {
             Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
                 if pod.metadata.deletion_timestamp.is_some() {
-                    on_delete(&shared, &pod.uid().unwrap_or_default());
+                    on_delete(&shared, &pod);
                 } else {
                     on_pod(&shared, pod);
                 }
             }
-            Ok(watcher::Event::Delete(pod)) => on_delete(&shared, &pod.uid().unwrap_or_default()),
-            Ok(watcher::Event::Init) => relist.begin(),
-            // A kubelet whose watch had to list again stops the pods the list no longer holds: deleted while it
-            // was not following, with no event of their own.
-            Ok(watcher::Event::InitDone) => {
-                let live: Vec<String> = shared
-                    .book()
-                    .pods
-                    .iter()
-                    .filter(|(_, record)| record.deleted_at.is_none())
-                    .map(|(uid, _)| uid.clone())
-                    .collect();
-                for uid in relist.missing(live) {
-                    on_delete(&shared, &uid);
-                }
-            }
+            Ok(watcher::Event::Delete(pod)) => on_delete(&shared, &pod),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
             // The watcher re-lists by itself; slow down a little on errors.
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
@@ -499,40 +485,14 @@ fn runner_env(pod: &Pod) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Pod `uid` was deleted: its runner stops.
-fn on_delete(shared: &Shared, uid: &str) {
+fn on_delete(shared: &Shared, pod: &Pod) {
+    let uid = pod.uid().unwrap_or_default();
     let mut book = shared.book();
-    if let Some(record) = book.pods.get_mut(uid) {
+    if let Some(record) = book.pods.get_mut(&uid) {
         record.deleted_at.get_or_insert_with(Instant::now);
     }
-    if let Some(token) = book.running.get(uid) {
+    if let Some(token) = book.running.get(&uid) {
         token.cancel();
-    }
-}
-
-/// The keys a watch's re-list holds, to tell which of the objects a watcher follows were deleted while it was not
-/// following: a watch that cannot resume (410 Gone once the API server's watch cache has moved past it) lists
-/// everything again, and an object deleted meanwhile has no `Delete` event, it is only missing from the list.
-#[derive(Debug, Default)]
-pub(crate) struct Relisted(HashSet<String>);
-
-impl Relisted {
-    /// A list begins (`Init`; again from the start if a list failed half way).
-    pub(crate) fn begin(&mut self) {
-        self.0.clear();
-    }
-
-    /// The list holds `key` (`InitApply`).
-    pub(crate) fn listed(&mut self, key: String) {
-        self.0.insert(key);
-    }
-
-    /// The list is complete (`InitDone`): the keys of `live` it does not hold.
-    pub(crate) fn missing(&mut self, live: impl IntoIterator<Item = String>) -> Vec<String> {
-        let listed = std::mem::take(&mut self.0);
-        live.into_iter()
-            .filter(|key| !listed.contains(key))
-            .collect()
     }
 }
 
@@ -848,23 +808,6 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_relist_reports_the_live_keys_it_left_out_once() {
-        let mut relist = Relisted::default();
-        relist.begin();
-        relist.listed("a".to_owned());
-        relist.begin();
-        relist.listed("b".to_owned());
-        relist.listed("c".to_owned());
-        let live = ["a", "b", "d"].map(str::to_owned);
-        assert_eq!(relist.missing(live.clone()), ["a", "d"]);
-        assert_eq!(
-            relist.missing(live.clone()),
-            live,
-            "the next list starts empty"
-        );
-    }
 
     #[test]
     fn the_generator_is_reproducible_and_in_range() {

@@ -40,6 +40,8 @@ const API_SERVER: usize = 1;
 pub struct ControlPlane {
     dir: PathBuf,
     server: String,
+    /// etcd's client address (`127.0.0.1:port`).
+    etcd: String,
     kubeconfig: PathBuf,
     config: kube::Config,
     processes: Mutex<Vec<Supervised>>,
@@ -230,6 +232,7 @@ impl ControlPlane {
         Ok(Self {
             dir,
             server,
+            etcd: format!("127.0.0.1:{etcd_client}"),
             kubeconfig,
             config,
             processes: Mutex::new(processes),
@@ -248,6 +251,16 @@ impl ControlPlane {
     /// The control plane is shared by every test of a test binary, so a test that restarts it disturbs the
     /// others: give it a test binary of its own.
     pub async fn restart_api_server(&self) -> Result<ApiServerRestart, Error> {
+        self.restart_api_server_with(async {}).await
+    }
+
+    /// [`Self::restart_api_server`], running `while_down` once the old process has exited and before the new
+    /// one starts: what happens to etcd's data then reaches clients only through the new API server (a watch
+    /// that cannot resume lists again, see [`Self::etcd_delete`]).
+    pub async fn restart_api_server_with(
+        &self,
+        while_down: impl Future<Output = ()>,
+    ) -> Result<ApiServerRestart, Error> {
         let _one_at_a_time = self.restarting.lock().await;
         let stopping = Instant::now();
         let old = self
@@ -268,6 +281,7 @@ impl ControlPlane {
         })?;
         drop(stopped);
         let stop = stopping.elapsed();
+        while_down.await;
 
         let starting = Instant::now();
         let new = self.api_server.spawn()?;
@@ -281,6 +295,54 @@ impl ControlPlane {
             stop,
             start: starting.elapsed(),
         })
+    }
+
+    /// Deletes etcd key `key` (an object's is `/registry/<resource>/<namespace>/<name>`, e.g.
+    /// `/registry/configmaps/ns/a`) through etcd's JSON gateway, behind the API server's back: no watch event
+    /// reports it. With the API server stopped ([`Self::restart_api_server_with`]), the new one's watch cache
+    /// starts past every watch opened before, so those watches list again and the object is only missing from
+    /// the list, as after a watch closed by a busy API server. Fails unless exactly one key was deleted.
+    pub async fn etcd_delete(&self, key: &str) -> Result<(), Error> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const PATH: &str = "/v3/kv/deleterange";
+        let failed = |detail: String| Error::EtcdRequest {
+            path: PATH.to_owned(),
+            detail,
+        };
+        // The gateway takes keys base64-encoded, which is how `ByteString` serialises.
+        let body = serde_json::json!({ "key": k8s_openapi::ByteString(key.as_bytes().to_vec()) })
+            .to_string();
+        let request = format!(
+            "POST {PATH} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            self.etcd,
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(&self.etcd)
+            .await
+            .map_err(|e| failed(format!("connecting to {}: {e}", self.etcd)))?;
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| failed(format!("sending: {e}")))?;
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .map_err(|e| failed(format!("reading the answer: {e}")))?;
+        // The JSON object of the body, whether or not it came in chunks.
+        let answer = response
+            .split_once("\r\n\r\n")
+            .and_then(|(_, body)| body.get(body.find('{')?..=body.rfind('}')?))
+            .unwrap_or_default();
+        let deleted = serde_json::from_str::<serde_json::Value>(answer)
+            .ok()
+            .and_then(|value| value["deleted"].as_str().map(str::to_owned));
+        if response.starts_with("HTTP/1.1 200") && deleted.as_deref() == Some("1") {
+            Ok(())
+        } else {
+            Err(failed(format!("key {key}: {response}")))
+        }
     }
 
     /// Polls `/readyz` until it answers `ok`, failing early if the API server exits.

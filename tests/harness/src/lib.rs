@@ -83,9 +83,7 @@ pub enum Error {
     Kubeconfig(#[source] kube::config::KubeconfigError),
     #[error("talking to the API server")]
     Kube(#[source] kube::Error),
-    #[error(
-        "building binary {bin} of package {package} with `cargo build --workspace` failed:\n{stderr}"
-    )]
+    #[error("building binary {bin} of package {package} with cargo failed:\n{stderr}")]
     BuildBinary {
         package: String,
         bin: String,
@@ -99,6 +97,8 @@ pub enum Error {
     PrebuiltBinaryMissing { path: PathBuf },
     #[error("CustomResourceDefinition {name} was not Established within {timeout:?}")]
     CrdNotEstablished { name: String, timeout: Duration },
+    #[error("etcd request {path}: {detail}")]
+    EtcdRequest { path: String, detail: String },
     #[error("namespace {namespace} got no default service account within {timeout:?}")]
     NamespaceNotReady {
         namespace: String,
