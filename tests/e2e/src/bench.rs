@@ -42,6 +42,9 @@ const BASELINE_WRITERS: usize = 64;
 /// How often the driver looks at the world.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
 
+/// How long the simulated kubelet may trail the bench's runner watch at the end of a run (see [`run`]).
+const SIMULATOR_CATCH_UP: Duration = Duration::from_secs(30);
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
@@ -307,6 +310,20 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     report.jobs_per_sec = completed_seen as f64 / report.burst_to_last_completion_secs.max(1e-3);
     report.sustained_jobs_per_sec = sustained_rate(&completion_times);
     report.peak_runners = runners.peak();
+    // Every runner is gone, so every pod was deleted before it; but the simulated kubelet's pod watch can trail the
+    // bench's runner watch (a busy API server closes watchers it finds slow, and listing 2000 pods again takes a
+    // while). Until it has seen the last deletions, those runners would count as never gone: give it a moment.
+    let catch_up = Instant::now() + SIMULATOR_CATCH_UP;
+    while report.problems.is_empty()
+        && Instant::now() < catch_up
+        && world
+            .simulator
+            .pods()
+            .iter()
+            .any(|pod| pod.job_finished_at.is_some() && pod.deleted_at.is_none())
+    {
+        tokio::time::sleep(TICK).await;
+    }
     let (latencies, unseen, lingering) = finish_to_gone(&world, &runners, started);
     report.finish_to_gone = latencies;
     report.teardown_stages = teardown_stages(&world, &runners);
