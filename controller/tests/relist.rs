@@ -15,7 +15,8 @@ use kube::{Api, ResourceExt};
 use test_harness::TestContext;
 use tokio::sync::mpsc;
 
-const LABEL: &str = "arc-rs.test/relist=yes";
+/// The label of the test's objects (the namespace's own ConfigMap, the cluster's CA, is not the test's).
+const LABEL: (&str, &str) = ("arc-rs.test/relist", "yes");
 
 /// Follows `api` into a cache of its own, sending the name of every object a `Delete` event reports; with
 /// `relist_deletions`, through [`with_relist_deletions`].
@@ -27,8 +28,7 @@ fn follow(
     let (deleted_tx, deleted_rx) = mpsc::unbounded_channel();
     let reader = cache.clone();
     tokio::spawn(async move {
-        // The namespace's own ConfigMap (the cluster's CA) is not the test's.
-        let config = watcher::Config::default().labels(LABEL);
+        let config = watcher::Config::default().labels(&format!("{}={}", LABEL.0, LABEL.1));
         let events = watcher(api, config).default_backoff().reflect(writer);
         let events = if relist_deletions {
             with_relist_deletions(events, reader).boxed()
@@ -59,7 +59,7 @@ async fn an_object_deleted_while_a_watch_could_not_follow_is_reported_deleted() 
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
-                labels: Some([("arc-rs.test/relist".to_owned(), "yes".to_owned())].into()),
+                labels: Some([(LABEL.0.to_owned(), LABEL.1.to_owned())].into()),
                 ..ObjectMeta::default()
             },
             ..ConfigMap::default()

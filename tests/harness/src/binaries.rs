@@ -107,12 +107,11 @@ pub fn shipped_build_args() -> Vec<&'static str> {
 /// beforehand makes a no-op).
 fn build_args(package: &str, bin: &str, debug: bool) -> Vec<&'static str> {
     let mut args = vec!["build", "--message-format=json"];
-    if debug {
-        args.extend(["--workspace", "--lib", "--bins", "--tests"]);
-    } else if SHIPPED_BINARIES.contains(&(package, bin)) {
+    if !debug && SHIPPED_BINARIES.contains(&(package, bin)) {
         args.extend(shipped_build_args());
     } else {
-        args.extend(["--workspace", "--lib", "--bins", "--release"]);
+        let profile = if debug { "--tests" } else { "--release" };
+        args.extend(["--workspace", "--lib", "--bins", profile]);
     }
     args
 }
