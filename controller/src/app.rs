@@ -11,6 +11,7 @@ use crate::cli::{Args, kube_client};
 use crate::error::{Error, Result};
 use crate::leader::{LeaderElector, LeaseTiming};
 use crate::manager::Manager;
+use crate::options::{LEASE_CLIENT_BURST, LEASE_CLIENT_QPS};
 use crate::server::{health_routes, metrics_routes, serve};
 
 /// Runs the manager as `args` say until SIGTERM or SIGINT (a second signal exits at once). Under leader
@@ -61,7 +62,10 @@ pub async fn run(args: &Args) -> Result<()> {
             tokio::spawn(serve(endpoint.addr, router, shutdown.clone()))
         })
         .collect();
-    let result = match leader_elector(args, &client) {
+    // The Lease is renewed on a client of its own: behind a burst's requests on the shared client's rate limit
+    // and concurrency, a renewal could wait past the renew deadline while the API server answers fine.
+    let lease_client = kube_client(LEASE_CLIENT_QPS, LEASE_CLIENT_BURST, 0).await?;
+    let result = match leader_elector(args, &lease_client) {
         None => manager.run(shutdown.clone()).await,
         Some(elector) => run_as_leader(manager, &elector, &shutdown).await,
     };
@@ -134,8 +138,8 @@ fn leader_elector(args: &Args, client: &Client) -> Option<LeaderElector> {
     ))
 }
 
-/// Waits for leadership, then reconciles while holding it. Losing the Lease stops the controllers and returns
-/// [`Error::LeadershipLost`].
+/// Waits for leadership, then reconciles while holding it ([`LeaderElector::lead`]): the Lease is released only
+/// once the controllers have stopped, and losing it ends the run at once with [`Error::LeadershipLost`].
 async fn run_as_leader(
     manager: Manager,
     elector: &LeaderElector,
@@ -145,27 +149,11 @@ async fn run_as_leader(
         identity = elector.identity(),
         "waiting for the leader Lease"
     );
-    if !elector.acquire(shutdown).await {
-        return Ok(());
-    }
-    let controllers = shutdown.child_token();
-    let run = async {
-        let result = manager.run(controllers.clone()).await;
-        // Whatever ended the controllers, stop renewing and hand the Lease over.
-        shutdown.cancel();
-        result
-    };
-    let hold = async {
-        let kept = elector.hold(shutdown).await;
-        if !kept {
-            controllers.cancel();
-        }
-        kept
-    };
-    let (result, kept) = tokio::join!(run, hold);
-    if !kept {
+    let result = elector
+        .lead(shutdown, |controllers| manager.run(controllers))
+        .await;
+    if matches!(result, Err(Error::LeadershipLost)) {
         tracing::error!("leadership lost; exiting so a restarted pod rejoins the election");
-        return Err(Error::LeadershipLost);
     }
     result
 }

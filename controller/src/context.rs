@@ -397,6 +397,20 @@ fn owned_status_digest(runner: &EphemeralRunner) -> u64 {
     hasher.finish()
 }
 
+/// Whether `event` is of an earlier version of the object than `copy`, by their resource versions: the API server
+/// gives each write a larger one (etcd's revision). `None` when either cannot be read as a number: then the event
+/// is taken as caught up, which costs at most a repeated read, where a copy kept too long costs refused writes.
+fn is_older(event: &EphemeralRunner, copy: &EphemeralRunner) -> Option<bool> {
+    let version = |runner: &EphemeralRunner| {
+        runner
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|version| version.parse::<u64>().ok())
+    };
+    Some(version(event)? < version(copy)?)
+}
+
 /// What was done for a runner that cannot need doing again.
 #[derive(Debug, Default)]
 struct Ending {
@@ -517,8 +531,11 @@ impl RunnerMemory {
     }
 
     /// The watch brought an event for `runner` (the store holds it now): a copy kept from a status write goes
-    /// once the event shows the status fields as that write left them (the cache holds the write, or something
-    /// after it). An event that shows them otherwise came from before the write.
+    /// once the event shows the status fields as that write left them, or once the event is of the write's
+    /// version or a later one (the cache holds the write, or something after it). Only an event of an earlier
+    /// version that shows the fields otherwise leaves the copy: it came from before the write. Without the
+    /// version check, a copy whose fields another writer changed since (the listener records an identity with
+    /// its job) outlived every event after a re-list, and each precondition write from it was refused.
     pub fn seen(&self, runner: &EphemeralRunner) {
         let Some(uid) = runner.uid() else {
             return;
@@ -526,10 +543,9 @@ impl RunnerMemory {
         let owned = owned_status_digest(runner);
         let mut written = lock(&self.written);
         let entry = written.entry(uid).or_default();
-        entry.copy = entry
-            .copy
-            .take()
-            .filter(|copy| owned_status_digest(copy) != owned);
+        entry.copy = entry.copy.take().filter(|copy| {
+            owned_status_digest(copy) != owned && is_older(runner, copy) == Some(true)
+        });
         entry.seen = Some(owned);
     }
 
@@ -961,6 +977,9 @@ mod tests {
                 .unwrap(),
             );
             runner.metadata.uid = Some(uid.to_owned());
+            // The write's version is later than the one before it.
+            runner.metadata.resource_version =
+                Some(if runner_id == 0 { "1" } else { "5" }.to_owned());
             runner.status = Some(crds::EphemeralRunnerStatus {
                 runner_id,
                 phase: if runner_id == 0 { "" } else { "Pending" }.to_owned(),
@@ -982,6 +1001,7 @@ mod tests {
         // The write's own event, or one after it (the listener's job fields leave these fields alone).
         let mut later = written();
         later.status.as_mut().unwrap().job_request_id = 3;
+        later.metadata.resource_version = Some("6".to_owned());
         memory.seen(&later);
         assert!(memory.fresher("u").is_none());
         // The write's event came before its response: the cache holds it already.
@@ -992,6 +1012,41 @@ mod tests {
         memory.wrote("u", written());
         assert!(memory.fresher("u").is_some());
         memory.forget("u");
+        assert!(memory.fresher("u").is_none());
+    }
+
+    #[test]
+    fn a_written_copy_goes_with_any_event_of_its_version_or_later() {
+        let memory = RunnerMemory::default();
+        let runner = |version: &str, runner_id: i64| {
+            let mut runner = EphemeralRunner::new(
+                "r",
+                serde_json::from_value(serde_json::json!({
+                    "githubConfigUrl": "u", "githubConfigSecret": "s", "runnerScaleSetId": 1,
+                    "metadata": {}, "spec": { "containers": [] },
+                }))
+                .unwrap(),
+            );
+            runner.metadata.uid = Some("u".to_owned());
+            runner.metadata.resource_version = Some(version.to_owned());
+            runner.status = Some(crds::EphemeralRunnerStatus {
+                runner_id,
+                ..crds::EphemeralRunnerStatus::default()
+            });
+            runner
+        };
+        memory.seen(&runner("9", 0));
+        memory.wrote("u", runner("10", 7));
+        // An earlier version, shown otherwise: from before the write.
+        memory.seen(&runner("8", 0));
+        assert!(memory.fresher("u").is_some());
+        // A later version whose fields another writer changed since (say, after a re-list): the write is in the
+        // cache, overtaken; the copy must not outlive it.
+        memory.seen(&runner("12", 8));
+        assert!(memory.fresher("u").is_none());
+        // Versions that are not numbers: the event is taken as caught up.
+        memory.wrote("u", runner("x", 7));
+        memory.seen(&runner("y", 0));
         assert!(memory.fresher("u").is_none());
     }
 

@@ -332,6 +332,17 @@ pub enum Error {
         source: Box<kube::Error>,
     },
 
+    /// Taking or renewing the leader-election Lease got no answer in time.
+    #[error("leader election Lease {namespace}/{name}: no answer within {after:?}")]
+    LeaderElectionTimedOut {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// How long the attempt waited.
+        after: std::time::Duration,
+    },
+
     /// A command-line flag has a value the manager cannot use.
     #[error("--{flag}: {reason}")]
     InvalidFlag {
@@ -416,7 +427,7 @@ impl Error {
             Self::InvalidFlag { .. } => "invalid_flag",
             Self::LeadershipLost => "leadership_lost",
             Self::Serve { .. } => "serve",
-            Self::LeaderElection { .. } => "leader_election",
+            Self::LeaderElection { .. } | Self::LeaderElectionTimedOut { .. } => "leader_election",
             Self::InvalidRunnerSetSpec { .. } => "invalid_runner_set_spec",
         }
     }

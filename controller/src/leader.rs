@@ -15,6 +15,7 @@
 //! controller-runtime (ARC's manager) uses, and needs Rust 1.89 where the workspace supports 1.88. A second kube
 //! in the binary or a second protocol costs more than this module, whose decisions are pure functions under test.
 
+use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -175,10 +176,23 @@ impl LeaderElector {
         }
     }
 
+    /// One attempt to take or renew the Lease, given up after `deadline`: an API server that accepts the
+    /// connection and never answers must not hold the leader past its renew deadline.
+    async fn attempt(&self, deadline: Duration) -> Result<bool> {
+        match tokio::time::timeout(deadline, self.try_acquire_or_renew()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::LeaderElectionTimedOut {
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                after: deadline,
+            }),
+        }
+    }
+
     /// Waits until this candidate leads. `false` when `shutdown` fired first.
     pub async fn acquire(&self, shutdown: &CancellationToken) -> bool {
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.attempt(self.timing.renew_deadline).await {
                 Ok(true) => {
                     tracing::info!(identity = %self.identity, lease = %self.name, "became leader");
                     return true;
@@ -196,16 +210,28 @@ impl LeaderElector {
     /// Renews the Lease until `shutdown` fires (then releases it and returns `true`) or renewal has failed for
     /// `renew_deadline` (returns `false`: leadership is lost and the caller must stop reconciling).
     pub async fn hold(&self, shutdown: &CancellationToken) -> bool {
+        self.hold_until(shutdown.cancelled()).await
+    }
+
+    /// Renews the Lease until `done` resolves (then releases it and returns `true`) or renewal has failed for
+    /// `renew_deadline` (`false`). Each attempt gets what is left of the renew deadline, so an API server that
+    /// stops answering ends the term by the deadline plus at most one retry period.
+    async fn hold_until(&self, done: impl Future<Output = ()>) -> bool {
+        let mut done = std::pin::pin!(done);
         let mut last_renewal = tokio::time::Instant::now();
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => {
+                () = &mut done => {
                     self.release().await;
                     return true;
                 }
                 () = tokio::time::sleep(self.timing.retry_period) => {}
             }
-            match self.try_acquire_or_renew().await {
+            let left = self
+                .timing
+                .renew_deadline
+                .saturating_sub(last_renewal.elapsed());
+            match self.attempt(left).await {
                 Ok(true) => last_renewal = tokio::time::Instant::now(),
                 Ok(false) => {
                     tracing::error!(identity = %self.identity, "another replica took the leader Lease");
@@ -213,9 +239,52 @@ impl LeaderElector {
                 }
                 Err(error) => tracing::warn!(%error, "renewing the leader Lease failed"),
             }
-            if last_renewal.elapsed() > self.timing.renew_deadline {
+            if last_renewal.elapsed() >= self.timing.renew_deadline {
                 tracing::error!(identity = %self.identity, "could not renew the leader Lease in time");
                 return false;
+            }
+        }
+    }
+
+    /// Leads: waits for the Lease, then runs `controllers` (given a token that asks them to stop) while holding
+    /// it. The Lease is kept, and renewed, until the controllers have stopped: on `shutdown` they finish their
+    /// in-flight passes first, and a successor that took the Lease at the signal would reconcile the same
+    /// objects at the same time (a rolling update during a burst: both create runners for the same demand).
+    /// Losing the Lease ends the term at once with [`Error::LeadershipLost`], without waiting for in-flight
+    /// passes: another replica may already lead. The caller exits the process then, which ends what the
+    /// controllers spawned.
+    pub async fn lead<F, Fut>(&self, shutdown: &CancellationToken, controllers: F) -> Result<()>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        if !self.acquire(shutdown).await {
+            return Ok(());
+        }
+        let stop = shutdown.child_token();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let run = async {
+            let result = controllers(stop.clone()).await;
+            let _ = stopped_tx.send(());
+            result
+        };
+        let hold = self.hold_until(async {
+            let _ = stopped_rx.await;
+        });
+        let mut run = std::pin::pin!(run);
+        let mut hold = std::pin::pin!(hold);
+        let mut result = None;
+        loop {
+            tokio::select! {
+                finished = &mut run, if result.is_none() => result = Some(finished),
+                kept = &mut hold => {
+                    if !kept {
+                        stop.cancel();
+                        return Err(Error::LeadershipLost);
+                    }
+                    // Released after the controllers stopped.
+                    return result.unwrap_or(Ok(()));
+                }
             }
         }
     }

@@ -33,7 +33,9 @@ use crate::actions::ActionsClients;
 use crate::autoscaling_listener::ListenerContext;
 use crate::autoscaling_runner_set::RunnerSetContext;
 use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
-use crate::ephemeral_runner_set::completions::{Completions, leaving_with_job, owner_set_key};
+use crate::ephemeral_runner_set::completions::{
+    Completions, leaving_with_job, owner_set_key, recorded_registration,
+};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
@@ -192,7 +194,7 @@ impl Manager {
             if leaving_with_job(runner, false)
                 && let Some(key) = owner_set_key(runner)
             {
-                applied_completions.left(&key, &runner.name_any());
+                applied_completions.left(&key, &runner.name_any(), recorded_registration(runner));
             }
         });
         // A runner's pod that has not started, of a runner whose status records no identity yet: its set's scale-down
@@ -244,7 +246,11 @@ impl Manager {
                             &owner.name,
                         );
                         if leaving_with_job(runner, true) {
-                            deleted_completions.left(&key, &runner.name_any());
+                            deleted_completions.left(
+                                &key,
+                                &runner.name_any(),
+                                recorded_registration(runner),
+                            );
                         }
                         deleted_expectations.gone(&key, &runner.name_any());
                         let _ = set_wakeup_tx.unbounded_send(owner);

@@ -73,6 +73,12 @@ pub struct Options {
     pub completion_hold: Duration,
 }
 
+/// The leader-election Lease client's rate limit (a client of its own, `app::run`): a renewal every two seconds,
+/// a read and a write each.
+pub const LEASE_CLIENT_QPS: f64 = 5.0;
+/// The leader-election Lease client's burst.
+pub const LEASE_CLIENT_BURST: u32 = 10;
+
 /// The default of [`Options::completion_hold`]. The listener lists a completed runner in the patch that follows
 /// the job's completion message, within a second even when it joins patches; a hold ten times as long only
 /// matters when the listing never comes (a listener restarted between the two), and then delays one runner.

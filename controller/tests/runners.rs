@@ -782,6 +782,56 @@ async fn a_runner_whose_job_is_over_fills_no_place_while_it_is_still_there() {
     manager.stop().await;
 }
 
+/// Defect found by the chaos run: an idle runner's pod was taken away in the very moment the service gave it a job
+/// that then failed at once. Its registration was removed (the job was already over, so the service agreed), the
+/// runner registered again and got a new pod, and the listener listed the runner as completed. The set, reading
+/// the listing by name, counted the runner's new, idle life as finishing: with the target at 0 it never scaled it
+/// down, and it idled forever. The listing names the registration the job ran under, so the set tells the two
+/// lives apart. (On the earlier main this test's listing was the name alone, as the listener wrote it then, and
+/// the runner was never removed.)
+#[tokio::test]
+async fn a_runner_listed_for_a_job_of_its_earlier_registration_is_scaled_down() {
+    let env = Env::new("ers-relisted").await;
+    let mut options = env.options();
+    // Longer than the test: the runner may only go because the set knows its current life serves.
+    options.completion_hold = Duration::from_secs(300);
+    let manager = env.start(options);
+    env.create_set("arc", 1, 1).await;
+    let name = registered(&env, 1).await[0].name_any();
+    env.run_pod(&name).await;
+    let old_id = env.recorded_runner_id(&name).await;
+    let old_pod = env.pod_uids().await;
+
+    // The run takes the pod away; the runner gets a fresh registration and a new pod under the same name.
+    env.pods_api()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the runner's pod");
+    env.eventually("a new pod for the runner", || async {
+        let pods = env.pod_uids().await;
+        (!pods.is_empty() && pods != old_pod).then_some(())
+    })
+    .await;
+    env.run_pod(&name).await;
+    env.eventually("the runner's fresh registration recorded", || async {
+        let status = env.runners_api().get(&name).await.ok()?.status?;
+        (status.runner_id != 0 && status.runner_id != old_id).then_some(())
+    })
+    .await;
+
+    // The listener heard of the job's completion under the old registration, and its demand is now 0.
+    let mut listing = listener::completions::Completions::default();
+    listing.record(&name, old_id);
+    listener_patch(&env, 0, 0, listing.annotation().as_deref()).await;
+    env.wait_runner_gone("the idle runner scaled down", &name)
+        .await;
+    env.eventually("no registration left", || async {
+        env.registered().is_empty().then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
 #[tokio::test]
 async fn a_finished_runner_the_listener_never_lists_is_replaced_after_the_hold() {
     let env = Env::new("ers-hold").await;
@@ -863,5 +913,296 @@ async fn a_set_scaling_up_during_another_sets_burst_does_not_wait_for_it() {
         (count(&env.pod_names().await, "big") == BIG).then_some(())
     })
     .await;
+    manager.stop().await;
+}
+
+/// Defect 2: the main lane's fence (the runner read from the API server) comes before the registration, which may
+/// take seconds; a runner deleted meanwhile was finalized by its teardown (no Secret yet, no registration by that
+/// name yet), and the pass then stored the config and made a pod for a runner that was gone, leaving the
+/// registration on the service for good. On the earlier main this test failed: the name stayed registered.
+#[tokio::test]
+async fn a_runner_deleted_while_it_registers_leaves_no_registration() {
+    let env = Env::new("er-deleted-registering").await;
+    env.create_set("arc", 0, 0).await;
+    env.slow_down("generate_jit_config", 3_000);
+    let manager = env.start(env.options());
+
+    env.scale("arc", 1, 1).await;
+    env.eventually("the registration requested", || async {
+        (env.fake.state().count("generate_jit_config") == 1).then_some(())
+    })
+    .await;
+    // No replacement wanted (a scale-down keeps a runner mid-registration), then the runner deleted by hand.
+    env.scale("arc", 0, 0).await;
+    let name = env.runner_names().await.remove(0);
+    env.runners_api()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the runner");
+    env.wait_runner_gone("the runner finalized", &name).await;
+    // The registration the service was making when the runner went has been made by now (3 s late).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.eventually("no registration left for the runner that went", || async {
+        (!env.registered().contains(&name)).then_some(())
+    })
+    .await;
+    env.eventually("nothing of it left", || async {
+        (env.pods().await.is_empty() && env.jit_secrets().await.is_empty()).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+/// Marks pod `name` as waiting for a node, as the scheduler does when none fits.
+async fn unschedulable(env: &Env, name: &str) {
+    env.eventually("the runner's pod", || async {
+        env.pods_api().get_opt(name).await.expect("get pod")
+    })
+    .await;
+    env.pods_api()
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/0 nodes are available (stand-in scheduler)",
+            }] } })),
+        )
+        .await
+        .expect("mark the pod unschedulable");
+}
+
+/// Defect 3: a scale-down kept runners whose pods wait for a node and removed Ready idle ones instead, so a set
+/// converging to its minimum kept exactly the runners that cannot start. The ones that cannot start go first. On
+/// the earlier main this test failed: the Ready runners went.
+#[tokio::test]
+async fn a_scale_down_removes_runners_that_cannot_start_before_ready_ones() {
+    let env = Env::new("ers-unschedulable").await;
+    let manager = env.start(env.options());
+    env.create_set("arc", 4, 1).await;
+    let runners = registered(&env, 4).await;
+    let names: Vec<String> = runners.iter().map(ResourceExt::name_any).collect();
+    let (ready, waiting) = names.split_at(2);
+    for name in ready {
+        env.run_pod(name).await;
+        env.recorded_runner_id(name).await;
+    }
+    for name in waiting {
+        unschedulable(&env, name).await;
+        env.recorded_runner_id(name).await;
+    }
+
+    env.scale("arc", 2, 0).await;
+    env.eventually("the runners waiting for a node removed", || async {
+        let left: BTreeSet<String> = env.runner_names().await.into_iter().collect();
+        (left == ready.iter().cloned().collect::<BTreeSet<_>>()).then_some(())
+    })
+    .await;
+    env.eventually("their registrations removed", || async {
+        let registered = env.registered();
+        waiting
+            .iter()
+            .all(|name| !registered.contains(name))
+            .then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+/// Defect 7: after a pod refused by a quota, a runner has no registration and no pod, and a scale-down kept it as
+/// "not registered yet": after a burst under a quota the set stayed above its target, and pods nobody needed
+/// followed once the quota freed. A refused runner runs nothing and may go. On the earlier main this test failed:
+/// the refused runners stayed.
+#[tokio::test]
+async fn refused_runners_are_scaled_down() {
+    use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use kube::api::PostParams;
+
+    let env = Env::new("ers-refused").await;
+    let quotas: kube::Api<ResourceQuota> = env.ctx.api();
+    let quota = ResourceQuota {
+        metadata: kube::api::ObjectMeta {
+            name: Some("no-pods".to_owned()),
+            ..kube::api::ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some([("pods".to_owned(), Quantity("0".to_owned()))].into()),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    };
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    env.eventually("the quota in force", || async {
+        let quota = quotas.get("no-pods").await.ok()?;
+        quota.status?.used.map(|_| ())
+    })
+    .await;
+    env.create_set("arc", 3, 1).await;
+    let manager = env.start(env.options());
+    env.eventually("every runner refused", || async {
+        let runners = env.runners().await;
+        let refused = runners.iter().filter(|runner| {
+            runner.status.as_ref().is_some_and(|status| {
+                status.reason == crds::constants::reason::POD_CREATION_REJECTED
+            })
+        });
+        (runners.len() == 3 && refused.count() == 3).then_some(())
+    })
+    .await;
+
+    env.scale("arc", 0, 0).await;
+    env.eventually("the refused runners removed", || async {
+        env.runners().await.is_empty().then_some(())
+    })
+    .await;
+    quotas
+        .delete("no-pods", &DeleteParams::default())
+        .await
+        .expect("lift the quota");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        env.pods().await.is_empty(),
+        "no pod for a runner nobody needs"
+    );
+    assert!(env.registered().is_empty(), "nothing registered");
+    manager.stop().await;
+}
+
+/// Defect 5: a template change's replacement of idle runners deregistered them with the set's current service
+/// and credentials. After `githubConfigUrl` moved to another service, that one answered "not found" for the old
+/// ids, which counted as removed, and every old registration stayed on the first service. A runner is
+/// deregistered where it was registered. On the earlier main this test failed: the first service kept the
+/// registration.
+#[tokio::test]
+async fn a_runner_is_deregistered_from_its_own_service_when_the_set_moves_to_another() {
+    use actions_client::{
+        ActionsClient, ClientOptions, Credentials, GitHubConfig, RunnerScaleSet, SecretString,
+    };
+    use fake_actions_service::FakeActionsService;
+
+    let env = Env::new("ers-moved").await;
+    let manager = env.start(env.options());
+    env.create_set("arc", 1, 1).await;
+    let name = registered(&env, 1).await[0].name_any();
+    env.run_pod(&name).await;
+    env.recorded_runner_id(&name).await;
+
+    let other = FakeActionsService::start(fake_actions_service::Config::default())
+        .await
+        .expect("start a second fake Actions Service");
+    let other_url = format!("{}/other-org/repo", other.base_url());
+    let other_client = ActionsClient::new(
+        GitHubConfig::parse(&other_url).expect("config URL"),
+        &Credentials::Pat(SecretString::new("ghp_test")),
+        ClientOptions::default(),
+    )
+    .expect("Actions client");
+    let other_set = other_client
+        .create_runner_scale_set(&RunnerScaleSet {
+            name: "moved".to_owned(),
+            runner_group_id: 1,
+            ..RunnerScaleSet::default()
+        })
+        .await
+        .expect("create the scale set");
+    env.sets()
+        .patch(
+            "arc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "ephemeralRunnerSpec": {
+                "githubConfigUrl": other_url,
+                "runnerScaleSetId": other_set.id,
+            } } })),
+        )
+        .await
+        .expect("move the set to the other service");
+
+    env.wait_runner_gone("the old runner replaced", &name).await;
+    env.eventually("the first service holds no registration", || async {
+        env.registered().is_empty().then_some(())
+    })
+    .await;
+    env.eventually(
+        "the replacement registered with the other service",
+        || async {
+            let registered = other.state().snapshot().runners;
+            (registered.len() == 1 && registered[0].scale_set_id == other_set.id).then_some(())
+        },
+    )
+    .await;
+    manager.stop().await;
+}
+
+/// Defect 6: a later attempt's Secret (registration Y) made, then the status write before its pod failed: the
+/// status still names the earlier registration X. Deleted before it registered again, the runner's teardown
+/// removed X only, and Y stayed on the service. The objects are placed as that pass left them before the manager
+/// starts. On the earlier main this test failed: Y stayed registered.
+#[tokio::test]
+async fn a_runner_whose_secret_and_status_name_two_registrations_removes_both() {
+    use actions_client::JitSetting;
+    use crds::constants::{EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER};
+    use kube::api::PostParams;
+
+    let env = Env::new("er-two-registrations").await;
+    let name = "arc-runner-fixture";
+    let register = || async {
+        env.actions
+            .generate_jit_runner_config(
+                env.scale_set_id,
+                &JitSetting {
+                    name: name.to_owned(),
+                    work_folder: String::new(),
+                },
+            )
+            .await
+            .expect("register")
+    };
+    // X: the earlier attempt's, recorded in the status and removed since; Y: the later attempt's, in the Secret.
+    let x = register().await.runner.expect("runner").id;
+    env.actions.remove_runner(x).await.expect("remove X");
+    let jit_y = register().await;
+    let set = env.create_set("arc", 0, 0).await;
+    let mut runner = EphemeralRunner::new(name, set.spec.ephemeral_runner_spec.clone());
+    runner.metadata.finalizers = Some(vec![
+        EPHEMERAL_RUNNER_REGISTRATION_FINALIZER.to_owned(),
+        EPHEMERAL_RUNNER_FINALIZER.to_owned(),
+    ]);
+    let runner = env
+        .runners_api()
+        .create(&PostParams::default(), &runner)
+        .await
+        .expect("create the runner");
+    env.runners_api()
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": {
+                "phase": "Pending", "runnerId": x, "runnerName": name,
+            } })),
+        )
+        .await
+        .expect("the status as the earlier attempt left it");
+    let owner = kube::Resource::controller_owner_ref(&runner, &()).expect("owner reference");
+    let secret = controller::ephemeral_runner::pod::jit_secret(&runner, owner, &jit_y, &[]);
+    env.secrets_api()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the later attempt's Secret");
+    env.runners_api()
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete the runner");
+    assert!(env.registered().contains(name), "Y registered");
+
+    let manager = env.start(env.options());
+    env.wait_runner_gone("the runner finalized", name).await;
+    assert!(
+        !env.registered().contains(name),
+        "the Secret's registration removed too"
+    );
     manager.stop().await;
 }

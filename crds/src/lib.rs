@@ -10,6 +10,7 @@
 pub mod appconfig;
 pub mod common;
 pub mod constants;
+pub mod listing;
 pub mod names;
 pub mod schedule;
 pub mod schema;

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 
 use crds::constants::COMPLETED_RUNNERS_ANNOTATION;
+use crds::listing::{self, CompletedRunner};
 use serde_json::{Value, json};
 
 /// How many names are listed at most. A set that never acknowledges (one run by another controller) must not make
@@ -27,19 +28,22 @@ pub struct Completions {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
-    runner: String,
+    runner: CompletedRunner,
     /// The generation of the first patch that carried the name; `None` until one reached the API server.
     carried_by: Option<i64>,
 }
 
 impl Completions {
-    /// A JobCompleted message named `runner` (empty: the job ended before a runner took it, nothing to list).
-    pub fn record(&mut self, runner: &str) {
-        if runner.is_empty() || self.entries.iter().any(|entry| entry.runner == runner) {
+    /// A JobCompleted message named `runner`, registered as `runner_id` (empty: the job ended before a runner took
+    /// it, nothing to list). The registration goes with the name: the runner object may outlive it (a fresh
+    /// registration after its pod was taken away), and the set must not take its next life for this finished one.
+    pub fn record(&mut self, runner: &str, runner_id: i64) {
+        let runner = CompletedRunner::new(runner, runner_id);
+        if runner.name.is_empty() || self.entries.iter().any(|entry| entry.runner == runner) {
             return;
         }
         self.entries.push_back(Entry {
-            runner: runner.to_owned(),
+            runner,
             carried_by: None,
         });
         while self.entries.len() > MAX_LISTED {
@@ -52,8 +56,8 @@ impl Completions {
         if self.entries.is_empty() {
             return None;
         }
-        let names: Vec<&str> = self.entries.iter().map(|e| e.runner.as_str()).collect();
-        Some(names.join(","))
+        let entries: Vec<CompletedRunner> = self.entries.iter().map(|e| e.runner.clone()).collect();
+        Some(listing::format(&entries))
     }
 
     /// Adds the listing to `patch` (a merge patch of the EphemeralRunnerSet): the names, or the annotation's
@@ -107,13 +111,13 @@ mod tests {
     #[test]
     fn a_name_stays_until_a_generation_that_carried_it_is_applied() {
         let mut completions = Completions::default();
-        completions.record("a");
-        completions.record("");
-        completions.record("a");
+        completions.record("a", 0);
+        completions.record("", 0);
+        completions.record("a", 0);
         assert_eq!(completions.annotation().as_deref(), Some("a"));
         // Patch at generation 5; the set had applied 4.
         completions.patched(Some(5), Some(4));
-        completions.record("b");
+        completions.record("b", 0);
         assert_eq!(completions.annotation().as_deref(), Some("a,b"));
         // Patch at generation 6; the set had applied 5 (which carried "a").
         completions.patched(Some(6), Some(5));
@@ -130,8 +134,8 @@ mod tests {
         let mut patch = spec.clone();
         completions.annotate(&mut patch);
         assert_eq!(patch, spec, "nothing to list, nothing added");
-        completions.record("a");
-        completions.record("b");
+        completions.record("a", 0);
+        completions.record("b", 0);
         completions.annotate(&mut patch);
         assert_eq!(
             patch,
@@ -155,7 +159,7 @@ mod tests {
     fn without_an_acknowledgement_names_stay_and_are_capped() {
         let mut completions = Completions::default();
         for i in 0..MAX_LISTED + 10 {
-            completions.record(&format!("r{i}"));
+            completions.record(&format!("r{i}"), 0);
             completions.patched(Some(i64::try_from(i).unwrap_or_default()), None);
         }
         assert_eq!(completions.len(), MAX_LISTED);
@@ -164,9 +168,19 @@ mod tests {
     }
 
     #[test]
+    fn each_registration_of_a_runner_is_listed_with_its_id() {
+        let mut completions = Completions::default();
+        completions.record("a", 7);
+        completions.record("a", 7);
+        // The same runner, a later registration (its pod was taken away and it registered again).
+        completions.record("a", 9);
+        assert_eq!(completions.annotation().as_deref(), Some("a:7,a:9"));
+    }
+
+    #[test]
     fn a_failed_patch_carries_nothing() {
         let mut completions = Completions::default();
-        completions.record("a");
+        completions.record("a", 0);
         // Only successful patches are reported; an acknowledgement of an older generation drops nothing.
         completions.patched(Some(9), Some(8));
         assert_eq!(completions.annotation().as_deref(), Some("a"));
@@ -185,7 +199,7 @@ mod tests {
             let mut first_carried: std::collections::HashMap<String, i64> = Default::default();
             for (step, (new_names, lag)) in steps.into_iter().enumerate() {
                 for n in 0..new_names {
-                    completions.record(&format!("r{step}-{n}"));
+                    completions.record(&format!("r{step}-{n}"), 0);
                 }
                 let before = completions.annotation().unwrap_or_default();
                 generation += 1;

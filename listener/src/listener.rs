@@ -484,7 +484,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             }
             tracing::info!(runner_name = %job.runner_name, result = %job.result, request_id = job.job.runner_request_id, "job completed");
             self.scaler.mark_dirty();
-            self.completions.record(&job.runner_name);
+            self.completions.record(&job.runner_name, job.runner_id);
         }
         // Scale before the runners' job fields are written (ARC writes them first): the statistics describe the
         // moment the message was fetched, and every second spent on status patches lets more of the jobs they

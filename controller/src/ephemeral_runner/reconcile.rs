@@ -115,7 +115,9 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
     if delete && let Some(set) = owner_set_key(&runner) {
         // It ran its job: its set keeps its place until the listener's target leaves the job out, also when the
         // listener's record of the job never reached the runner (a job shorter than that write).
-        ctx.completions.left(&set, &step.name);
+        let registration = known_identity(&ctx.runner_memory, &runner, pod.as_deref())
+            .map_or(0, |identity| identity.runner_id);
+        ctx.completions.left(&set, &step.name, registration);
     }
     step.finalize(delete).await
 }
@@ -154,6 +156,9 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     // The runner as the API server gave it before registering: the cache keeps no pod template
     // (`prune_cached_runner`), so the Secret and the pod are made from this copy.
     let mut fresh: Option<EphemeralRunner> = None;
+    // The registration the JIT Secret records, when read: it may differ from the status's (a later attempt's
+    // Secret made, its status write then failed), and both go when the config is discarded.
+    let mut secret_registration = 0;
     for _ in 0..MAX_STEPS {
         let next = decide(&facts);
         tracing::trace!(?next, "runner step");
@@ -161,6 +166,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
             Next::ReadSecret => {
                 let (fact, read) = step.read_jit_secret().await?;
                 facts.secret = fact;
+                secret_registration = read.as_ref().map_or(0, |read| read.runner_id);
                 if identity.is_none() {
                     identity = read;
                 }
@@ -178,12 +184,16 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
                 step.ensure_finalizers().await?;
                 facts.finalizers_missing = false;
             }
-            Next::DiscardConfig => match step.discard_config(identity.as_ref()).await? {
+            Next::DiscardConfig => match step
+                .discard_config(identity.as_ref(), secret_registration)
+                .await?
+            {
                 Removal::JobStillRunning => facts.service_busy = true,
                 Removal::Removed => {
                     facts.secret = SecretFact::Absent;
                     facts.registered = false;
                     identity = None;
+                    secret_registration = 0;
                 }
             },
             Next::ReleaseIdle => match step.release_idle(identity.as_ref()).await? {
@@ -743,9 +753,24 @@ impl<'a> Step<'a> {
             &self.ctx.options.exclude_label_propagation_prefixes,
         );
         match self.secrets.create(&PostParams::default(), &secret).await {
-            Ok(created) => read_jit_identity(&created)
-                .map(Registration::Registered)
-                .map_err(|reason| self.corrupt(&reason)),
+            Ok(created) => {
+                let registered =
+                    read_jit_identity(&created).map_err(|reason| self.corrupt(&reason))?;
+                // The runner may have been deleted while the service registered it (a template change, the set's
+                // cleanup, `kubectl delete`); its teardown then found no Secret and no registration by name, and
+                // may have finalized it. From now on its teardown finds the Secret; before, only this pass can
+                // know: ask the API server again, and take the registration back if the runner is going.
+                if self.read_self().await?.0 == RunnerFact::Going {
+                    tracing::info!(
+                        runner_id = registered.runner_id,
+                        "the runner went while it registered; its registration is removed"
+                    );
+                    actions.remove_runner(registered.runner_id).await?;
+                    delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+                    return Ok(Registration::Wait(Action::await_change()));
+                }
+                Ok(Registration::Registered(registered))
+            }
             Err(source) => {
                 // The config just issued is stored nowhere: remove it rather than leave a registration behind.
                 if let Some(runner) = &jit.runner
@@ -848,10 +873,27 @@ impl<'a> Step<'a> {
 
     /// The pod of the config in the Secret is gone (the API server says so): that config may have been used, so
     /// it goes with its registration, unless the service says the runner holds a job.
-    async fn discard_config(&self, identity: Option<&JitIdentity>) -> Result<Removal> {
+    /// `secret_registration`: the registration the Secret records (0: not read), removed too when it is not
+    /// `identity`'s, or it would be left on the service with nothing to point at it.
+    async fn discard_config(
+        &self,
+        identity: Option<&JitIdentity>,
+        secret_registration: i64,
+    ) -> Result<Removal> {
         let (removal, runner_id) = self.deregister_idle(identity).await?;
         if removal == Removal::JobStillRunning {
             return Ok(removal);
+        }
+        if secret_registration != 0
+            && secret_registration != runner_id
+            && self
+                .actions()
+                .await?
+                .remove_runner(secret_registration)
+                .await?
+                == Removal::JobStillRunning
+        {
+            return Ok(Removal::JobStillRunning);
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         if let Some(error) = self
@@ -1538,8 +1580,9 @@ impl<'a> Step<'a> {
     ///
     /// The steps that do not depend on each other run at once, so a finished runner's teardown waits for two
     /// round trips to the API server instead of four: the deletion request (the finalizers hold the object),
-    /// the deregistration, and, when the pod has terminated, its deletion with the Secret's. A pod that may still
-    /// run is deleted only after the service agreed to the deregistration, which is the check that no job runs.
+    /// the deregistration (which reads the Secret, then removes the Secret once the service let go), and, when
+    /// the pod has terminated, its deletion. A pod that may still run is deleted only after the service agreed to
+    /// the deregistration, which is the check that no job runs.
     async fn finalize(&self, delete: bool) -> Result<Action> {
         // A pass on a cached copy from before this runner's finalization: it is gone, and deleting its children
         // or patching it again would only cost the API server requests answered with 404.
@@ -1551,7 +1594,7 @@ impl<'a> Step<'a> {
             }
             return Ok(Action::await_change());
         }
-        let pod_terminated = self.terminated_pod().is_some();
+        let terminated = self.terminated_pod();
         let delete_self = async {
             if delete {
                 self.delete_self().await?;
@@ -1559,27 +1602,31 @@ impl<'a> Step<'a> {
             Ok::<_, Error>(())
         };
         let deregister = async {
-            if has_finalizer(self.runner, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER) {
-                self.deregister().await
+            let removal = if has_finalizer(self.runner, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER) {
+                self.deregister().await?
             } else {
-                Ok(Removal::Removed)
+                Removal::Removed
+            };
+            if removal == Removal::Removed {
+                delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
             }
+            Ok::<_, Error>(removal)
         };
-        let children = async {
-            if pod_terminated {
-                self.delete_children().await?;
+        let terminated_pod = async {
+            if let Some(uid) = &terminated {
+                delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid).await?;
             }
             Ok::<_, Error>(())
         };
-        let ((), removal, ()) = futures::try_join!(delete_self, deregister, children)?;
+        let ((), removal, ()) = futures::try_join!(delete_self, deregister, terminated_pod)?;
         if removal == Removal::JobStillRunning {
             tracing::info!("the runner is still running a job; deregistration retried later");
             return Ok(Action::requeue(
                 self.ctx.options.runner.job_still_running_requeue,
             ));
         }
-        if !pod_terminated {
-            self.delete_children().await?;
+        if terminated.is_none() {
+            delete_if_present(&self.pods, &self.name, &self.namespace).await?;
         }
         if self.runner.has_container_hooks() {
             self.delete_hook_objects().await?;
@@ -1592,22 +1639,28 @@ impl<'a> Step<'a> {
         Ok(Action::await_change())
     }
 
-    /// Removes the runner's registration. The id comes from the status, else from the JIT Secret, else from a
-    /// lookup by name (a crash between registering and recording).
+    /// Removes the runner's registrations: the one the status records and the one its JIT Secret records, when
+    /// they differ (a later attempt's Secret made, then its status write failed: the status still names the
+    /// earlier one), else one found by name (a crash between registering and recording). The Secret is read
+    /// whatever the status says: it is the only record of a registration the status does not show.
     async fn deregister(&self) -> Result<Removal> {
-        let mut runner_id = self.status().runner_id;
-        if runner_id != 0
-            && self
-                .ctx
-                .runner_memory
-                .was_deregistered(&self.uid, runner_id)
-        {
+        let recorded = self.status().runner_id;
+        let in_secret = read_secret(&self.ctx.client, &self.namespace, &self.name)
+            .await?
+            .and_then(|secret| read_jit_identity(&secret).ok())
+            .map_or(0, |identity| identity.runner_id);
+        let mut ids: Vec<i64> = [recorded, in_secret]
+            .into_iter()
+            .filter(|&id| id != 0)
+            .collect();
+        ids.dedup();
+        let pending: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|&id| !self.ctx.runner_memory.was_deregistered(&self.uid, id))
+            .collect();
+        if !ids.is_empty() && pending.is_empty() {
             return Ok(Removal::Removed);
-        }
-        if runner_id == 0
-            && let Some(secret) = read_secret(&self.ctx.client, &self.namespace, &self.name).await?
-        {
-            runner_id = read_jit_identity(&secret).map_or(0, |identity| identity.runner_id);
         }
         let actions = match self.actions().await {
             Ok(actions) => actions,
@@ -1615,33 +1668,33 @@ impl<'a> Step<'a> {
             // the finalizer would only block the deletion of everything above (docs/reference/beyond-arc.md, item 13).
             Err(error)
                 if credentials_gone(&error)
-                    || (runner_id == 0 && error.is_configuration_problem()) =>
+                    || (ids.is_empty() && error.is_configuration_problem()) =>
             {
                 self.event(
                     EventType::Warning,
                     "DeregistrationSkipped",
                     "RemoveRunner",
-                    format!("runner {runner_id} cannot be removed from GitHub: {error}"),
+                    format!("runner {recorded} cannot be removed from GitHub: {error}"),
                 )
                 .await;
                 return Ok(Removal::Removed);
             }
             Err(error) => return Err(error),
         };
-        if runner_id == 0
+        let mut pending = pending;
+        if ids.is_empty()
             && let Some(found) = actions.get_runner_by_name(&self.name).await?
             && found.runner_scale_set_id == self.runner.spec.runner_scale_set_id
         {
-            runner_id = found.id;
+            pending.push(found.id);
         }
-        if runner_id == 0 {
-            return Ok(Removal::Removed);
-        }
-        let removal = actions.remove_runner(runner_id).await?;
-        if removal == Removal::Removed {
+        for runner_id in pending {
+            if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
+                return Ok(Removal::JobStillRunning);
+            }
             self.ctx.runner_memory.deregistered(&self.uid, runner_id);
         }
-        Ok(removal)
+        Ok(Removal::Removed)
     }
 
     /// Pods and Secrets the runner's container hooks created (label `runner-pod=<runner name>`).

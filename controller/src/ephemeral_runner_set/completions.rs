@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crds::constants::COMPLETED_RUNNERS_ANNOTATION;
+use crds::listing::{CompletedRunner, same_registration};
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use kube::{Resource, ResourceExt};
 
@@ -34,36 +35,83 @@ enum Known {
     Settled,
 }
 
+/// One finished job of a runner: the registration it ran under (0: not known), what is known of it, and when it
+/// last mattered (listed, or the runner there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    registration: i64,
+    known: Known,
+    mattered: Instant,
+}
+
 /// One set's runners that left with a job, and the listener's listing.
+///
+/// Records are per registration, not per runner name: a runner object outlives its registrations (an idle
+/// runner whose pod was taken away registers again under the same name), and a job listed for an earlier
+/// registration says nothing about the runner's current life. Keyed by name alone, such a runner stayed counted
+/// as finishing, so a scale-down to zero never removed it and it idled forever.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Ledger {
-    /// What is known of each runner, and when its name last mattered (listed, or the runner there).
-    runners: HashMap<String, (Known, Instant)>,
+    runners: HashMap<String, Vec<Record>>,
 }
 
 impl Ledger {
-    /// The set's current listing names these runners, at `now`.
-    pub fn listed<'a>(&mut self, names: impl IntoIterator<Item = &'a str>, now: Instant) {
-        for name in names {
-            let (known, mattered) = self
-                .runners
-                .entry(name.to_owned())
-                .or_insert((Known::Listed, now));
-            *mattered = now;
-            if matches!(known, Known::Held(_)) {
-                *known = Known::Settled;
+    /// The record of runner `name` under `registration`, if one may be about it: the same registration first,
+    /// else one where either side is not known.
+    fn find(&mut self, name: &str, registration: i64) -> Option<&mut Record> {
+        let records = self.runners.get_mut(name)?;
+        let at = records
+            .iter()
+            .position(|record| record.registration == registration)
+            .or_else(|| {
+                records
+                    .iter()
+                    .position(|record| same_registration(record.registration, registration))
+            })?;
+        let record = &mut records[at];
+        if record.registration == 0 {
+            record.registration = registration;
+        }
+        Some(record)
+    }
+
+    fn add(&mut self, name: &str, registration: i64, known: Known, now: Instant) {
+        self.runners
+            .entry(name.to_owned())
+            .or_default()
+            .push(Record {
+                registration,
+                known,
+                mattered: now,
+            });
+    }
+
+    /// The set's current listing names these runners' jobs, at `now`.
+    pub fn listed<'a>(
+        &mut self,
+        entries: impl IntoIterator<Item = &'a CompletedRunner>,
+        now: Instant,
+    ) {
+        for entry in entries {
+            match self.find(&entry.name, entry.runner_id) {
+                Some(record) => {
+                    record.mattered = now;
+                    if matches!(record.known, Known::Held(_)) {
+                        record.known = Known::Settled;
+                    }
+                }
+                None => self.add(&entry.name, entry.runner_id, Known::Listed, now),
             }
         }
     }
 
-    /// Runner `name` left with a job (being deleted, or gone) at `now`.
-    pub fn left(&mut self, name: &str, now: Instant) {
-        let (known, _) = self
-            .runners
-            .entry(name.to_owned())
-            .or_insert((Known::Held(now), now));
-        if *known == Known::Listed {
-            *known = Known::Settled;
+    /// Runner `name` left with a job (being deleted, or gone) at `now`, registered as `registration` (0: not
+    /// known).
+    pub fn left(&mut self, name: &str, registration: i64, now: Instant) {
+        match self.find(name, registration) {
+            Some(record) if record.known == Known::Listed => record.known = Known::Settled,
+            Some(_) => {}
+            None => self.add(name, registration, Known::Held(now), now),
         }
     }
 
@@ -72,11 +120,11 @@ impl Ledger {
     pub fn held(&mut self, now: Instant, hold: Duration) -> (usize, Option<Duration>) {
         let mut count = 0;
         let mut next: Option<Duration> = None;
-        for (known, _) in self.runners.values_mut() {
-            if let Known::Held(since) = *known {
+        for record in self.runners.values_mut().flatten() {
+            if let Known::Held(since) = record.known {
                 let kept = now.saturating_duration_since(since);
                 if kept >= hold {
-                    *known = Known::Settled;
+                    record.known = Known::Settled;
                 } else {
                     count += 1;
                     let left = hold - kept;
@@ -87,23 +135,33 @@ impl Ledger {
         (count, next)
     }
 
-    /// Forgets what no longer matters at `now`: names neither listed nor of a runner still there (`keep` says
-    /// which) for `linger`, except places still kept. The linger is for the runner's last events: its deletion
-    /// reaches the cache a moment before the watch reports it as left, and a step that forgot the name in
+    /// Forgets what no longer matters at `now`: records of names neither listed nor of a runner still there
+    /// (`keep` says which) for `linger`, except places still kept. The linger is for the runner's last events: its
+    /// deletion reaches the cache a moment before the watch reports it as left, and a step that forgot the name in
     /// between would have that report hold its place again.
     pub fn prune(&mut self, now: Instant, linger: Duration, keep: impl Fn(&str) -> bool) {
-        self.runners.retain(|name, (known, mattered)| {
-            if keep(name) {
-                *mattered = now;
-                return true;
-            }
-            matches!(known, Known::Held(_)) || now.saturating_duration_since(*mattered) < linger
+        self.runners.retain(|name, records| {
+            let kept = keep(name);
+            records.retain_mut(|record| {
+                if kept {
+                    record.mattered = now;
+                    return true;
+                }
+                matches!(record.known, Known::Held(_))
+                    || now.saturating_duration_since(record.mattered) < linger
+            });
+            !records.is_empty()
         });
     }
 
-    /// Whether runner `name`'s job is known to be over (listed, or seen leaving with it).
-    pub fn knows(&self, name: &str) -> bool {
-        self.runners.contains_key(name)
+    /// Whether a job of runner `name` under `registration` (0: not known) is known to be over (listed, or seen
+    /// leaving with it).
+    pub fn knows(&self, name: &str, registration: i64) -> bool {
+        self.runners.get(name).is_some_and(|records| {
+            records
+                .iter()
+                .any(|record| same_registration(record.registration, registration))
+        })
     }
 
     /// Whether nothing is remembered.
@@ -112,11 +170,11 @@ impl Ledger {
     }
 }
 
-/// The names an EphemeralRunnerSet's listing carries.
-pub fn listing(annotations: &std::collections::BTreeMap<String, String>) -> Vec<&str> {
+/// The entries an EphemeralRunnerSet's listing carries.
+pub fn listing(annotations: &std::collections::BTreeMap<String, String>) -> Vec<CompletedRunner> {
     annotations
         .get(COMPLETED_RUNNERS_ANNOTATION)
-        .map(|names| names.split(',').filter(|name| !name.is_empty()).collect())
+        .map(|value| crds::listing::parse(value))
         .unwrap_or_default()
 }
 
@@ -127,12 +185,28 @@ pub fn leaving_with_job(runner: &EphemeralRunner, deleted: bool) -> bool {
     (deleted || runner.metadata.deletion_timestamp.is_some()) && runner.has_job()
 }
 
+/// The registration `runner`'s status records (0: none), the one a job the listener recorded ran under.
+pub fn recorded_registration(runner: &EphemeralRunner) -> i64 {
+    runner.status.as_ref().map_or(0, |status| status.runner_id)
+}
+
 /// The key the EphemeralRunnerSet controller knows the set that owns `runner` by (`namespace/name`), if one does.
 pub fn owner_set_key(runner: &EphemeralRunner) -> Option<String> {
     let owner = runner.owner_references().iter().find(|owner| {
         owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
     })?;
     Some(super::set_key(&runner.namespace()?, &owner.name))
+}
+
+/// A runner the set's census counts as holding a place, as [`Completions::standing`] weighs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// The registration it holds as far as the set knows (0: not known).
+    pub registration: i64,
+    /// Its pod succeeded: it left with its job as far as the target goes (its teardown may lag).
+    pub succeeded: bool,
 }
 
 /// Every set's [`Ledger`], fed by the runner watch and read by the set's scaling step.
@@ -142,44 +216,47 @@ pub struct Completions {
 }
 
 impl Completions {
-    /// Runner `name` of set `key` is leaving with a job ([`leaving_with_job`]): it starts being held, unless it
-    /// was listed or seen leaving before.
-    pub fn left(&self, key: &str, name: &str) {
-        lock(&self.sets)
-            .entry(key.to_owned())
-            .or_default()
-            .left(name, Instant::now());
+    /// Runner `name` of set `key`, registered as `registration` (0: not known), is leaving with a job
+    /// ([`leaving_with_job`]): it starts being held, unless it was listed or seen leaving before.
+    pub fn left(&self, key: &str, name: &str, registration: i64) {
+        lock(&self.sets).entry(key.to_owned()).or_default().left(
+            name,
+            registration,
+            Instant::now(),
+        );
     }
 
     /// Set `key`'s scaling step: records its `listed` runners and, of the runners its census `counted` as holding
-    /// a place, those whose pod succeeded (the `bool`: they left with their job as far as the target goes); forgets
-    /// what is neither listed nor `exists`; and says how many places are held, how long until the clock releases
-    /// the first, and how many of the `counted` runners are finishing ([`Places`]).
+    /// a place, those whose pod succeeded; forgets what is neither listed nor `exists`; and says how many places
+    /// are held, how long until the clock releases the first, and how many of the `counted` runners are finishing
+    /// ([`Places`]).
     pub fn standing(
         &self,
         key: &str,
-        listed: &[&str],
-        counted: &[(&str, bool)],
+        listed: &[CompletedRunner],
+        counted: &[Counted<'_>],
         exists: impl Fn(&str) -> bool,
         hold: Duration,
     ) -> (Places, Option<Duration>) {
         let mut sets = lock(&self.sets);
-        let succeeded = counted.iter().any(|(_, succeeded)| *succeeded);
+        let succeeded = counted.iter().any(|runner| runner.succeeded);
         if listed.is_empty() && !succeeded && !sets.contains_key(key) {
             return (Places::default(), None);
         }
         let ledger = sets.entry(key.to_owned()).or_default();
         let now = Instant::now();
-        ledger.listed(listed.iter().copied(), now);
-        for (name, _) in counted.iter().filter(|(_, succeeded)| *succeeded) {
-            ledger.left(name, now);
+        ledger.listed(listed, now);
+        for runner in counted.iter().filter(|runner| runner.succeeded) {
+            ledger.left(runner.name, runner.registration, now);
         }
         let (held, released_in) = ledger.held(now, hold);
         let finishing = counted
             .iter()
-            .filter(|(name, _)| ledger.knows(name))
+            .filter(|runner| ledger.knows(runner.name, runner.registration))
             .count();
-        ledger.prune(now, hold, |name| listed.contains(&name) || exists(name));
+        ledger.prune(now, hold, |name| {
+            listed.iter().any(|entry| entry.name == name) || exists(name)
+        });
         if ledger.is_empty() {
             sets.remove(key);
         }
@@ -199,13 +276,27 @@ mod tests {
 
     const HOLD: Duration = Duration::from_secs(10);
 
+    /// A listing entry of runner `name` with no registration (as an earlier listener wrote it).
+    fn named(name: &str) -> CompletedRunner {
+        CompletedRunner::new(name, 0)
+    }
+
+    /// A counted runner of no known registration.
+    fn counted(name: &str, succeeded: bool) -> Counted<'_> {
+        Counted {
+            name,
+            registration: 0,
+            succeeded,
+        }
+    }
+
     #[test]
     fn a_runner_that_left_is_held_until_listed() {
         let start = Instant::now();
         let mut ledger = Ledger::default();
-        ledger.left("a", start);
+        ledger.left("a", 0, start);
         assert_eq!(ledger.held(start, HOLD), (1, Some(HOLD)));
-        ledger.listed(["a"], start);
+        ledger.listed(&[named("a")], start);
         assert_eq!(ledger.held(start, HOLD), (0, None));
         ledger.prune(start + HOLD, HOLD, |_| false);
         assert!(ledger.is_empty());
@@ -215,12 +306,12 @@ mod tests {
     fn a_runner_listed_before_it_left_is_never_held() {
         let start = Instant::now();
         let mut ledger = Ledger::default();
-        ledger.listed(["a"], start);
+        ledger.listed(&[named("a")], start);
         // The listener dropped the name after the set acted on it; the runner is still there.
         ledger.prune(start + HOLD, HOLD, |name| name == "a");
-        ledger.left("a", start);
+        ledger.left("a", 0, start);
         assert_eq!(ledger.held(start, HOLD), (0, None));
-        ledger.left("a", start);
+        ledger.left("a", 0, start);
         assert_eq!(ledger.held(start, HOLD), (0, None), "seen leaving twice");
     }
 
@@ -228,12 +319,12 @@ mod tests {
     fn a_runner_reported_gone_after_it_left_the_cache_is_not_held_again() {
         let start = Instant::now();
         let mut ledger = Ledger::default();
-        ledger.listed(["a"], start);
-        ledger.left("a", start);
+        ledger.listed(&[named("a")], start);
+        ledger.left("a", 0, start);
         // A step between the runner's removal from the cache and the watch's report of it: not listed, not there.
         let moment = start + Duration::from_secs(1);
         ledger.prune(moment, HOLD, |_| false);
-        ledger.left("a", moment);
+        ledger.left("a", 0, moment);
         assert_eq!(ledger.held(moment, HOLD), (0, None));
         // Long after, the name is forgotten.
         ledger.prune(moment + HOLD, HOLD, |_| false);
@@ -244,14 +335,14 @@ mod tests {
     fn a_place_is_kept_at_most_the_hold() {
         let start = Instant::now();
         let mut ledger = Ledger::default();
-        ledger.left("a", start);
-        ledger.left("b", start + Duration::from_secs(4));
+        ledger.left("a", 0, start);
+        ledger.left("b", 0, start + Duration::from_secs(4));
         let later = start + Duration::from_secs(6);
         assert_eq!(ledger.held(later, HOLD), (2, Some(Duration::from_secs(4))));
         let (count, next) = ledger.held(start + HOLD, HOLD);
         assert_eq!((count, next), (1, Some(Duration::from_secs(4))));
         // Released by the clock: seeing it leave again does not hold it again.
-        ledger.left("a", start + HOLD);
+        ledger.left("a", 0, start + HOLD);
         assert_eq!(ledger.held(start + HOLD, HOLD).0, 1);
         ledger.prune(start + HOLD * 3, HOLD, |_| false);
         assert_eq!(
@@ -282,14 +373,14 @@ mod tests {
     #[test]
     fn the_listing_is_read_from_the_annotation() {
         let annotations = [(COMPLETED_RUNNERS_ANNOTATION.to_owned(), "a,b,".to_owned())].into();
-        assert_eq!(listing(&annotations), ["a", "b"]);
+        assert_eq!(listing(&annotations), [named("a"), named("b")]);
         assert!(listing(&Default::default()).is_empty());
     }
 
     #[test]
     fn a_deleted_set_is_forgotten_with_its_held_places() {
         let completions = Completions::default();
-        completions.left("ns/set", "a");
+        completions.left("ns/set", "a", 0);
         assert_eq!(
             completions
                 .standing("ns/set", &[], &[], |_| false, HOLD)
@@ -306,12 +397,12 @@ mod tests {
         let completions = Completions::default();
         let nothing = (Places::default(), None);
         assert_eq!(
-            completions.standing("ns/set", &[], &[("a", false)], |_| true, HOLD),
+            completions.standing("ns/set", &[], &[counted("a", false)], |_| true, HOLD),
             nothing
         );
         assert!(lock(&completions.sets).is_empty());
         assert_eq!(
-            completions.standing("ns/set", &["a"], &[], |_| false, HOLD),
+            completions.standing("ns/set", &[named("a")], &[], |_| false, HOLD),
             nothing
         );
         // The name left the listing and no runner has it: forgotten once it has not mattered for the hold.
@@ -325,14 +416,14 @@ mod tests {
     #[test]
     fn a_runner_whose_job_is_over_fills_no_place_while_it_is_still_there() {
         let completions = Completions::default();
-        let standing = |listed: &[&str], counted: &[(&str, bool)]| {
+        let standing = |listed: &[CompletedRunner], counted: &[Counted<'_>]| {
             completions
                 .standing("ns/set", listed, counted, |name| name != "gone", HOLD)
                 .0
         };
         // Listed while it is still there (its teardown lags): finishing, nothing held.
         assert_eq!(
-            standing(&["a"], &[("a", false), ("b", false)]),
+            standing(&[named("a")], &[counted("a", false), counted("b", false)]),
             Places {
                 held: 0,
                 finishing: 1
@@ -340,7 +431,7 @@ mod tests {
         );
         // The listener dropped the name once the set acted on it: still known to be finishing.
         assert_eq!(
-            standing(&[], &[("a", false), ("b", false)]),
+            standing(&[], &[counted("a", false), counted("b", false)]),
             Places {
                 held: 0,
                 finishing: 1
@@ -348,19 +439,53 @@ mod tests {
         );
         // Its pod succeeded before any listing: finishing, and its place held until the listing names it.
         assert_eq!(
-            standing(&[], &[("a", false), ("b", true)]),
+            standing(&[], &[counted("a", false), counted("b", true)]),
             Places {
                 held: 1,
                 finishing: 2
             }
         );
         assert_eq!(
-            standing(&["b"], &[("a", false), ("b", true)]),
+            standing(&[named("b")], &[counted("a", false), counted("b", true)]),
             Places {
                 held: 0,
                 finishing: 2
             }
         );
+    }
+
+    #[test]
+    fn a_runner_that_registered_again_after_its_listed_job_serves_again() {
+        let completions = Completions::default();
+        let at = |registration| Counted {
+            name: "a",
+            registration,
+            succeeded: false,
+        };
+        let listed = [CompletedRunner::new("a", 7)];
+        // Its job under registration 7 is over: finishing.
+        let places = completions
+            .standing("ns/set", &listed, &[at(7)], |_| true, HOLD)
+            .0;
+        assert_eq!(places.finishing, 1);
+        // Its pod was taken away and it registered again as 8: its new life serves, though still listed.
+        let places = completions
+            .standing("ns/set", &listed, &[at(8)], |_| true, HOLD)
+            .0;
+        assert_eq!(places, Places::default());
+        // A registration not known (between the old one's removal and the new one's record) cannot be told apart.
+        let places = completions
+            .standing("ns/set", &listed, &[at(0)], |_| true, HOLD)
+            .0;
+        assert_eq!(places.finishing, 1);
+        // Its second job, under 8, ends and it leaves with it: held until listed, not settled by the first.
+        let mut ledger = Ledger::default();
+        let now = Instant::now();
+        ledger.listed(&listed, now);
+        ledger.left("a", 8, now);
+        assert_eq!(ledger.held(now, HOLD).0, 1);
+        ledger.listed(&[CompletedRunner::new("a", 8)], now);
+        assert_eq!(ledger.held(now, HOLD).0, 0);
     }
 
     #[derive(Debug, Clone)]
@@ -392,11 +517,11 @@ mod tests {
                 match event {
                     Event::Listed(n) => {
                         listed.insert(n);
-                        ledger.listed([format!("r{n}").as_str()], now);
+                        ledger.listed(&[named(&format!("r{n}"))], now);
                     }
                     Event::Left(n) => {
                         left_at.entry(n).or_insert(now);
-                        ledger.left(&format!("r{n}"), now);
+                        ledger.left(&format!("r{n}"), 0, now);
                     }
                     Event::Tick(secs) => now += Duration::from_secs(u64::from(secs)),
                 }

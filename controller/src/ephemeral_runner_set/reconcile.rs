@@ -35,7 +35,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use super::completions::listing;
+use super::completions::{Counted, listing};
 use super::runner::{desired_runner, scale_set_identity};
 use super::scale::{
     Census, ScalePlan, already_applied, places_held, plan, removal_candidates, stale_runners,
@@ -91,13 +91,17 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     step.update_gauges(&census);
     // A template change: idle and failed runners of an older template go first; the set scales once the cache
     // shows them going, so their replacements are counted against the request.
-    if step.replace_stale(&census, &hash).await? {
+    let (replaced, stale_errors) = step.replace_stale(&census, &hash).await;
+    if replaced {
         // Their deletion events bring the next pass, with the expectations recorded for them.
-        return Ok(Action::requeue(ctx.options.resync_interval));
+        return stale_errors.map(|()| Action::requeue(ctx.options.resync_interval));
     }
+    // A stale runner whose removal fails (its service unreachable, say) must not stop the whole set from
+    // scaling: the pass scales, then reports the failure, whose backoff brings the removal back.
     let next = step.scale(&census).await?;
     let census = Census::of(step.children());
     step.write_status(&census).await?;
+    stale_errors?;
     Ok(Action::requeue(next.unwrap_or(ctx.options.resync_interval)))
 }
 
@@ -306,15 +310,17 @@ impl<'a> SetStep<'a> {
         );
         // The listing is recorded on every pass, acted upon or not: a runner listed now may leave later.
         let listed = listing(self.set.annotations());
-        // The runners counted as holding a place, and whether each one's pod succeeded (its teardown may lag).
-        let counted: Vec<(&str, bool)> = census
+        // The runners counted as holding a place, the registration each holds, and whether each one's pod
+        // succeeded (its teardown may lag).
+        let counted: Vec<Counted<'_>> = census
             .counted()
             .map(|runner| {
-                let succeeded = in_teardown(runner, self.pod_of(runner).as_deref());
-                (
-                    runner.metadata.name.as_deref().unwrap_or_default(),
-                    succeeded,
-                )
+                let pod = self.pod_of(runner);
+                Counted {
+                    name: runner.metadata.name.as_deref().unwrap_or_default(),
+                    registration: self.registration_of(runner, pod.as_deref()),
+                    succeeded: in_teardown(runner, pod.as_deref()),
+                }
             })
             .collect();
         // Built only when the set has a ledger to prune.
@@ -445,7 +451,6 @@ impl<'a> SetStep<'a> {
         if candidates.is_empty() {
             return Ok(retry_after);
         }
-        let actions = self.actions().await?;
         let mut remaining = candidates.into_iter();
         let mut needed = count;
         let mut removed = Vec::new();
@@ -455,9 +460,7 @@ impl<'a> SetStep<'a> {
             if batch.is_empty() {
                 break;
             }
-            let (gone, failed) = self
-                .deregister_and_delete_all(batch, actions.as_ref())
-                .await;
+            let (gone, failed) = self.deregister_and_delete_all(batch).await;
             needed -= gone.len();
             removed.extend(gone);
             errors.extend(failed);
@@ -474,16 +477,14 @@ impl<'a> SetStep<'a> {
     }
 
     /// Deregisters and deletes the runners an older template made that may go now (failed, or idle); returns
-    /// whether any went. Busy ones finish their job first; the service's word decides, as for a scale-down.
-    async fn replace_stale(&self, census: &Census, hash: &str) -> Result<bool> {
+    /// whether any went, and the removals that failed. Busy ones finish their job first; the service's word
+    /// decides, as for a scale-down.
+    async fn replace_stale(&self, census: &Census, hash: &str) -> (bool, Result<()>) {
         let stale = stale_runners(census, hash);
         if stale.is_empty() {
-            return Ok(false);
+            return (false, Ok(()));
         }
-        let actions = self.actions().await?;
-        let (removed, errors) = self
-            .deregister_and_delete_all(stale, actions.as_ref())
-            .await;
+        let (removed, errors) = self.deregister_and_delete_all(stale).await;
         if !removed.is_empty() {
             tracing::info!(
                 replaced = removed.len(),
@@ -492,15 +493,21 @@ impl<'a> SetStep<'a> {
         }
         let any = !removed.is_empty();
         self.ctx.expectations.deleted(&self.key, removed);
-        collect_errors(errors)?;
-        Ok(any)
+        (any, collect_errors(errors))
     }
 
-    /// An Actions client for the set's runners; `None` when the credentials are gone (the set is then torn
-    /// down without deregistering, which nothing could do any more).
-    async fn actions(&self) -> Result<Option<Actions>> {
-        let source = ClientSource::for_spec(&self.namespace, &self.set.spec.ephemeral_runner_spec);
-        match self.ctx.actions.get(&source).await {
+    /// An Actions client for `runner`'s registration: the service and credentials the runner was registered with
+    /// (its own spec), not the set's current ones, which a change of `githubConfigUrl` or of the credentials may
+    /// point at another organization or host. There, the runner's id is unknown or another runner's: the answer
+    /// would count as removed while the real registration stays. `None` when the credentials are gone (the set
+    /// is then torn down without deregistering, which nothing could do any more).
+    async fn actions(&self, runner: &EphemeralRunner) -> Result<Option<Actions>> {
+        match self
+            .ctx
+            .actions
+            .get(&ClientSource::for_runner(runner))
+            .await
+        {
             Ok(actions) => Ok(Some(actions)),
             Err(error)
                 if credentials_gone(&error) && self.set.meta().deletion_timestamp.is_some() =>
@@ -517,17 +524,10 @@ impl<'a> SetStep<'a> {
     async fn deregister_and_delete_all(
         &self,
         runners: Vec<&Arc<EphemeralRunner>>,
-        actions: Option<&Actions>,
     ) -> (Vec<String>, Vec<Error>) {
         let outcomes: Vec<(String, Result<bool>)> = stream::iter(runners.into_iter().cloned())
-            .map(|runner: Arc<EphemeralRunner>| {
-                let actions = actions.cloned();
-                async move {
-                    (
-                        runner.name_any(),
-                        self.deregister_and_delete(&runner, actions.as_ref()).await,
-                    )
-                }
+            .map(|runner: Arc<EphemeralRunner>| async move {
+                (runner.name_any(), self.deregister_and_delete(&runner).await)
             })
             .buffer_unordered(self.ctx.options.runner_set_parallelism.max(1))
             .collect()
@@ -545,16 +545,12 @@ impl<'a> SetStep<'a> {
     }
 
     /// Deregisters a runner, then deletes it; `false` when the service says it is busy (kept).
-    async fn deregister_and_delete(
-        &self,
-        runner: &EphemeralRunner,
-        actions: Option<&Actions>,
-    ) -> Result<bool> {
+    async fn deregister_and_delete(&self, runner: &EphemeralRunner) -> Result<bool> {
         let runner_id = self.registration_of(runner, self.pod_of(runner).as_deref());
         let uid = runner.uid().unwrap_or_default();
         if runner_id != 0
             && !self.ctx.runner_memory.was_deregistered(&uid, runner_id)
-            && let Some(actions) = actions
+            && let Some(actions) = self.actions(runner).await?
         {
             if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
                 return Ok(false);
@@ -603,8 +599,7 @@ impl<'a> SetStep<'a> {
         if idle.is_empty() {
             return Ok(false);
         }
-        let actions = self.actions().await?;
-        let (_, errors) = self.deregister_and_delete_all(idle, actions.as_ref()).await;
+        let (_, errors) = self.deregister_and_delete_all(idle).await;
         collect_errors(errors)?;
         Ok(false)
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crds::constants::{INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, phase};
+use crds::constants::{INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, phase, reason};
 use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -250,10 +250,26 @@ pub enum Keep {
     Unregistered,
     /// Assigned or running a job.
     HasJob,
-    /// Its pod waits for a node (a cluster autoscaler may be adding one for it).
-    WaitingForNode,
     /// Ready for less than the grace period; removable after this much longer.
     JustReady(Duration),
+}
+
+/// Whether `runner` (with its pod if any) cannot serve a job now: its pod waits for a node, or the cluster refused
+/// its last pod (a quota or an admission check) and none exists. A scale-down removes such runners first: they
+/// hold a place and serve nothing, where a Ready runner would take the next job at once.
+pub fn cannot_start(runner: &EphemeralRunner, pod: Option<&CachedPod>) -> bool {
+    match pod {
+        Some(pod) => is_waiting_for_node(pod),
+        None => refused(runner),
+    }
+}
+
+/// The cluster refused the runner's last pod and nothing was registered since: the refusal removed the
+/// registration and its Secret, and a later attempt records its identity before it creates a pod.
+fn refused(runner: &EphemeralRunner) -> bool {
+    runner.status.as_ref().is_some_and(|status| {
+        status.reason == reason::POD_CREATION_REJECTED && status.runner_id == 0
+    })
 }
 
 /// Whether a runner (pending or running, with its pod if any, registered as `registration`, 0 when not known)
@@ -270,15 +286,15 @@ pub fn keep_reason(
         return Some(Keep::HasJob);
     }
     // A pod whose runner has not started holds no job: it may go without asking the service first, and its
-    // finalizer deregisters it (with the service's consent, should it start meanwhile).
-    if registration == 0 && !pod.is_some_and(runner_not_started) {
+    // finalizer deregisters it (with the service's consent, should it start meanwhile). A refused runner has
+    // neither a pod nor a registration: nothing of it runs.
+    if registration == 0
+        && !pod.is_some_and(runner_not_started)
+        && !(pod.is_none() && refused(runner))
+    {
         return Some(Keep::Unregistered);
     }
-    let pod = pod?;
-    if is_waiting_for_node(pod) {
-        return Some(Keep::WaitingForNode);
-    }
-    let since = ready_since(pod)?;
+    let since = ready_since(pod?)?;
     let ready_for = Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO);
     grace
         .checked_sub(ready_for)
@@ -286,10 +302,11 @@ pub fn keep_reason(
         .map(Keep::JustReady)
 }
 
-/// Scale-down candidates in the order they are tried: pending runners oldest first, then running runners
-/// oldest first (ARC's order), minus those [`keep_reason`] protects. Also returns the shortest remaining grace
-/// period, so the caller can come back when a protected runner becomes removable. `registration_of`: the
-/// registration a runner holds (its status's, or the one its pod was created under), 0 when not known.
+/// Scale-down candidates in the order they are tried: runners that cannot start ([`cannot_start`]) oldest first,
+/// then the other pending runners oldest first, then running runners oldest first (ARC's order after the first
+/// group), minus those [`keep_reason`] protects. Also returns the shortest remaining grace period, so the caller
+/// can come back when a protected runner becomes removable. `registration_of`: the registration a runner holds
+/// (its status's, or the one its pod was created under), 0 when not known.
 pub fn removal_candidates<'a>(
     census: &'a Census,
     pod_of: impl Fn(&EphemeralRunner) -> Option<Arc<CachedPod>>,
@@ -308,7 +325,8 @@ pub fn removal_candidates<'a>(
         });
         sorted
     };
-    let mut candidates = Vec::new();
+    let mut stuck = Vec::new();
+    let mut others = Vec::new();
     let mut retry_after: Option<Duration> = None;
     for runner in by_age(&census.pending)
         .into_iter()
@@ -317,14 +335,16 @@ pub fn removal_candidates<'a>(
         let pod = pod_of(runner);
         let registration = registration_of(runner, pod.as_deref());
         match keep_reason(runner, pod.as_deref(), registration, grace, now) {
-            None => candidates.push(runner),
+            None if cannot_start(runner, pod.as_deref()) => stuck.push(runner),
+            None => others.push(runner),
             Some(Keep::JustReady(left)) => {
                 retry_after = Some(retry_after.map_or(left, |current| current.min(left)));
             }
             Some(_) => {}
         }
     }
-    (candidates, retry_after)
+    stuck.extend(others);
+    (stuck, retry_after)
 }
 
 #[cfg(test)]
@@ -506,11 +526,15 @@ mod tests {
     }
 
     #[test]
-    fn candidates_skip_busy_unregistered_waiting_and_just_ready_runners() {
+    fn candidates_skip_busy_unregistered_and_just_ready_runners_and_start_with_those_that_cannot_start()
+     {
+        let mut refused = (*runner("refused", "", 12, 0, false, None)).clone();
+        refused.status.as_mut().unwrap().reason = reason::POD_CREATION_REJECTED.to_owned();
         let census = Census::of([
             runner("busy", "Running", 1, 1, true, None),
             runner("new", "", 2, 0, false, None),
             runner("waiting", "Pending", 3, 3, false, None),
+            Arc::new(refused),
             runner("pending-old", "Pending", 4, 4, false, None),
             runner("pending-young", "Pending", 9, 5, false, None),
             runner("idle-old", "Running", 0, 6, false, None),
@@ -545,6 +569,8 @@ mod tests {
         assert_eq!(
             names,
             [
+                "waiting",
+                "refused",
                 "pending-old",
                 "pending-young",
                 "unrecorded-starting",

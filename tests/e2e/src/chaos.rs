@@ -285,6 +285,9 @@ pub struct Recovery {
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ChaosReport {
+    /// The seed every random choice of the run came from: the same seed, the same disruptions in the same order
+    /// (their timing still depends on the machine).
+    pub seed: u64,
     pub jobs: u32,
     /// Jobs that completed.
     pub completed: usize,
@@ -364,7 +367,7 @@ impl ChaosReport {
     /// A readable summary.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "== chaos run ==");
+        let _ = writeln!(out, "== chaos run (seed {}) ==", self.seed);
         let _ = writeln!(
             out,
             "jobs: {} enqueued, {} completed, {} completed exactly once, {} served twice",
@@ -713,6 +716,7 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
         Some(world.diagnostics().await)
     };
     Ok(ChaosReport {
+        seed: config.seed,
         jobs: config.jobs,
         completed,
         completed_exactly_once,

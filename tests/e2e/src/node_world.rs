@@ -763,39 +763,42 @@ pub fn jobs_by_state(snapshot: &StateSnapshot) -> BTreeMap<String, usize> {
     states
 }
 
-/// Records each runner pod's creation and its container's start, as the kubelet reports them.
+/// Records each runner pod's creation and its container's start, as the kubelet reports them. A watch, not a
+/// poll: a 1-s job's pod can show its container's start for less time than a poll's interval (the kubelet may
+/// report Pending, then Succeeded, and the manager deletes the pod at once), and a poll then never sees it; the
+/// watch delivers every version, the deletion's last one included. Should the watch have to list again (its
+/// history expired), pods deleted meanwhile are missed, which the run's own report makes visible.
 pub async fn record_pod_times(pods: Api<Pod>, seen: Arc<Mutex<BTreeMap<String, PodTimes>>>) {
-    loop {
-        if let Ok(list) = pods
-            .list(&ListParams::default().labels(RUNNER_POD_SELECTOR))
-            .await
-        {
-            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-            for pod in list.items {
-                let entry = seen.entry(pod.uid().unwrap_or_default()).or_default();
-                entry.name = pod.name_any();
-                entry.created = pod.metadata.creation_timestamp.clone();
-                let state = pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.container_statuses.as_ref())
-                    .and_then(|c| c.first())
-                    .and_then(|c| c.state.as_ref());
-                let started = state.and_then(|s| {
-                    s.running
-                        .as_ref()
-                        .and_then(|r| r.started_at.clone())
-                        .or_else(|| s.terminated.as_ref().and_then(|t| t.started_at.clone()))
-                });
-                if entry.started.is_none() {
-                    entry.started = started;
-                }
-                if let Some(terminated) = state.and_then(|s| s.terminated.as_ref()) {
-                    entry.exit_code = Some(terminated.exit_code);
-                }
-            }
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let config = watcher::Config::default().labels(RUNNER_POD_SELECTOR);
+    let mut events = std::pin::pin!(watcher(pods, config).default_backoff().touched_objects());
+    while let Some(event) = events.next().await {
+        let Ok(pod) = event else {
+            continue;
+        };
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = seen.entry(pod.uid().unwrap_or_default()).or_default();
+        entry.name = pod.name_any();
+        entry.created = pod.metadata.creation_timestamp.clone();
+        let state = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref());
+        let started = state.and_then(|s| {
+            s.running
+                .as_ref()
+                .and_then(|r| r.started_at.clone())
+                .or_else(|| s.terminated.as_ref().and_then(|t| t.started_at.clone()))
+        });
+        if entry.started.is_none() {
+            entry.started = started;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        if let Some(terminated) = state.and_then(|s| s.terminated.as_ref()) {
+            entry.exit_code = Some(terminated.exit_code);
+        }
     }
 }
 

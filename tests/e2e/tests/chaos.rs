@@ -4,7 +4,8 @@
 //! the runner template changes once, and kube-apiserver is restarted once. A test binary of its own: the restart
 //! disturbs everything sharing the control plane.
 //!
-//! `E2E_CHAOS_JOBS` overrides the number of jobs, `E2E_CHAOS_VERBOSE=1` prints every disruption (with
+//! `E2E_CHAOS_JOBS` overrides the number of jobs, `E2E_CHAOS_SEED` the seed of every random choice (42; the report
+//! prints it, so a failing run can be repeated), `E2E_CHAOS_VERBOSE=1` prints every disruption (with
 //! `--nocapture`); the long form is `cargo run --release -p e2e --bin chaos`.
 
 use e2e::chaos::{self, ChaosConfig};
@@ -19,6 +20,12 @@ async fn chaos_loses_no_job_and_every_process_recovers_by_itself() {
     {
         config.jobs = jobs;
         config.api_restart_after_jobs = Some(jobs / 2);
+    }
+    if let Some(seed) = std::env::var("E2E_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        config.seed = seed;
     }
     if std::env::var_os("E2E_CHAOS_VERBOSE").is_some() {
         config.progress = Some(std::time::Duration::from_secs(10));
