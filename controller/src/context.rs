@@ -15,7 +15,7 @@ use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
 use crate::actions::ActionsClients;
-use crate::ephemeral_runner_set::completions::Completions;
+use crate::completions::Completions;
 use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::pods::CachedPod;

@@ -9,8 +9,11 @@
 //!   in their own modules with unit and property tests.
 //! * Layers: the four controller modules ([`autoscaling_runner_set`], [`autoscaling_listener`],
 //!   [`ephemeral_runner_set`], [`ephemeral_runner`]) use only the shared modules ([`context`], [`error`],
-//!   [`kubeutil`], [`actions`], [`proxy`], [`options`], [`metrics`], [`hash`], [`labels`], [`pods`]), never each
-//!   other; the shared modules use no controller module. What two controllers both need moves down into them.
+//!   [`kubeutil`], [`actions`], [`proxy`], [`options`], [`metrics`], [`hash`], [`labels`], [`pods`],
+//!   [`completions`]), and the EphemeralRunnerSet controller reads what it may know of a runner from
+//!   [`ephemeral_runner::facts`] alone, which imports nothing from the set; no controller imports another
+//!   otherwise, and the shared modules use no controller module. What two controllers both need moves down into
+//!   them.
 //!
 //! See `docs/runner-lifecycle.md` for the runner lifecycle and its failure handling.
 
@@ -19,6 +22,7 @@ pub mod app;
 pub mod autoscaling_listener;
 pub mod autoscaling_runner_set;
 pub mod cli;
+pub mod completions;
 pub mod context;
 pub mod ephemeral_runner;
 pub mod ephemeral_runner_set;

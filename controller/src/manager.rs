@@ -32,10 +32,8 @@ use tokio_util::sync::CancellationToken;
 use crate::actions::ActionsClients;
 use crate::autoscaling_listener::ListenerContext;
 use crate::autoscaling_runner_set::RunnerSetContext;
+use crate::completions::{Completions, leaving_with_job, owner_set_key, recorded_registration};
 use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
-use crate::ephemeral_runner_set::completions::{
-    Completions, leaving_with_job, owner_set_key, recorded_registration,
-};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
@@ -241,7 +239,7 @@ impl Manager {
                 move |runner: &EphemeralRunner| {
                     deleted_memory.forget(&runner.uid().unwrap_or_default());
                     if let Some(owner) = controller_owner::<_, EphemeralRunnerSet>(runner) {
-                        let key = ephemeral_runner_set::set_key(
+                        let key = crate::completions::set_key(
                             owner.namespace.as_deref().unwrap_or_default(),
                             &owner.name,
                         );
@@ -337,10 +335,13 @@ impl Manager {
                 parts.run(Arc::clone(&ctx), &shutdown).await;
             }
         };
+        // One pass at a time per runner, across the runner controller's two lanes.
+        let runner_passes = Arc::new(ephemeral_runner::passes::PassLocks::default());
         futures::join!(
             scale_set_controllers,
             ephemeral_runner::run(
                 Arc::clone(&ctx),
+                Arc::clone(&runner_passes),
                 runners_for_runner_controller,
                 pods_for_runner_controller,
                 pod_deleted_rx,
@@ -348,6 +349,7 @@ impl Manager {
             ),
             ephemeral_runner::run_teardown(
                 Arc::clone(&ctx),
+                runner_passes,
                 runners_for_teardown,
                 pods_for_teardown,
                 stopped(&shutdown),

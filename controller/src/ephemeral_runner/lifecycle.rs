@@ -220,6 +220,115 @@ fn without_pod(facts: &Facts, busy: bool) -> Next {
     }
 }
 
+/// What a teardown pass knows: a runner being deleted, or whose pod succeeded ([`super::facts::in_teardown`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TeardownFacts {
+    /// The runner has a deletion timestamp (else its pod succeeded and the pass asks for its deletion).
+    pub deleting: bool,
+    /// Its cleanup finalizer is gone, or this process saw the API server accept the removal of its finalizers:
+    /// the object is gone, and the pass runs on a cached copy from before.
+    pub finalized: bool,
+    /// Its registration finalizer is still there: a registration may be left to remove.
+    pub registration_finalizer: bool,
+    /// The cache shows its pod terminated: nothing runs in it any more.
+    pub pod_terminated: bool,
+    /// Its pod's container hooks may have made pods and Secrets of their own.
+    pub container_hooks: bool,
+}
+
+/// The first stage of a teardown: requests that depend on nothing, sent at once. The deregistration removes the
+/// Secret once the service let go; a pod that may still run waits for that answer, which is the check that no
+/// job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TeardownStart {
+    /// Ask for the runner's deletion (its finalizers hold the object until the end).
+    pub delete_self: bool,
+    /// Remove its registrations (and then its Secret).
+    pub deregister: bool,
+    /// Delete its terminated pod now.
+    pub delete_terminated_pod: bool,
+}
+
+/// A teardown pass's plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Teardown {
+    /// The runner is gone already: at most ask for its deletion again, which is answered as done.
+    Gone {
+        /// Ask for its deletion.
+        delete_self: bool,
+    },
+    /// Tear it down, starting with these.
+    Start(TeardownStart),
+}
+
+/// The teardown's plan for a runner in the teardown lane.
+pub fn plan_teardown(facts: &TeardownFacts) -> Teardown {
+    let delete_self = !facts.deleting;
+    if facts.finalized {
+        return Teardown::Gone { delete_self };
+    }
+    Teardown::Start(TeardownStart {
+        delete_self,
+        deregister: facts.registration_finalizer,
+        delete_terminated_pod: facts.pod_terminated,
+    })
+}
+
+/// What is left once the first stage was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TeardownEnd {
+    /// The service says the runner still runs a job: nothing more now; the removal is asked again later, and
+    /// the pod keeps running.
+    AwaitJob,
+    /// The service let go: delete what is left, then drop the finalizers, last.
+    Finish {
+        /// Delete the pod (it had not terminated, so it was not deleted in the first stage).
+        delete_pod: bool,
+        /// Delete the pods and Secrets its container hooks made.
+        delete_hook_objects: bool,
+    },
+}
+
+/// The rest of a teardown, given whether the service agreed to remove the runner's registrations.
+pub fn after_deregistration(facts: &TeardownFacts, removal_agreed: bool) -> TeardownEnd {
+    if !removal_agreed {
+        return TeardownEnd::AwaitJob;
+    }
+    TeardownEnd::Finish {
+        delete_pod: !facts.pod_terminated,
+        delete_hook_objects: facts.container_hooks,
+    }
+}
+
+/// Which registrations a runner's deregistration removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deregistration {
+    /// Registration ids to remove, each once.
+    pub remove: Vec<i64>,
+    /// Nothing records a registration: ask the service for one under the runner's name (a crash between
+    /// registering and recording).
+    pub look_up_by_name: bool,
+}
+
+/// The registrations to remove: the one the status records and the one the JIT Secret records (each 0 when
+/// none), which differ when a later attempt's Secret was made and the status write after it failed; those this
+/// process removed already (`removed`) are not asked again.
+pub fn deregistration(
+    recorded: i64,
+    in_secret: i64,
+    removed: impl Fn(i64) -> bool,
+) -> Deregistration {
+    let mut known: Vec<i64> = [recorded, in_secret]
+        .into_iter()
+        .filter(|id| *id != 0)
+        .collect();
+    known.dedup();
+    Deregistration {
+        look_up_by_name: known.is_empty(),
+        remove: known.into_iter().filter(|id| !removed(*id)).collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,6 +647,109 @@ mod tests {
                 }
                 _ => return steps,
             }
+        }
+    }
+
+    #[test]
+    fn a_teardown_removes_every_recorded_registration_once() {
+        let none = |_| false;
+        assert_eq!(
+            deregistration(7, 0, none),
+            Deregistration {
+                remove: vec![7],
+                look_up_by_name: false
+            }
+        );
+        assert_eq!(
+            deregistration(7, 9, none),
+            Deregistration {
+                remove: vec![7, 9],
+                look_up_by_name: false
+            },
+            "the Secret's later registration as well"
+        );
+        assert_eq!(deregistration(7, 7, none).remove, vec![7]);
+        assert_eq!(
+            deregistration(0, 0, none),
+            Deregistration {
+                remove: vec![],
+                look_up_by_name: true
+            }
+        );
+        assert_eq!(
+            deregistration(7, 9, |id| id == 7),
+            Deregistration {
+                remove: vec![9],
+                look_up_by_name: false
+            },
+            "removed by the set's scale-down already"
+        );
+    }
+
+    fn arb_teardown() -> impl Strategy<Value = TeardownFacts> {
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(deleting, finalized, registration_finalizer, pod_terminated, container_hooks)| {
+                    TeardownFacts {
+                        deleting,
+                        finalized,
+                        registration_finalizer,
+                        pod_terminated,
+                        container_hooks,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        /// Whatever the teardown finds: a pod that may still run is deleted only once the service agreed to the
+        /// deregistration; a runner whose pod succeeded is asked to be deleted; a finalized one gets nothing but
+        /// that request; and the registration finalizer always leads to a deregistration.
+        #[test]
+        fn a_teardown_never_stops_a_pod_before_the_service_agreed(facts in arb_teardown(), agreed in any::<bool>()) {
+            match plan_teardown(&facts) {
+                Teardown::Gone { delete_self } => {
+                    prop_assert!(facts.finalized);
+                    prop_assert_eq!(delete_self, !facts.deleting);
+                }
+                Teardown::Start(start) => {
+                    prop_assert!(!facts.finalized);
+                    prop_assert_eq!(start.delete_self, !facts.deleting);
+                    prop_assert_eq!(start.deregister, facts.registration_finalizer);
+                    prop_assert!(!start.delete_terminated_pod || facts.pod_terminated);
+                    match after_deregistration(&facts, agreed) {
+                        TeardownEnd::AwaitJob => prop_assert!(!agreed),
+                        TeardownEnd::Finish { delete_pod, delete_hook_objects } => {
+                            prop_assert!(agreed);
+                            // Every pod goes: in the first stage when terminated, here otherwise.
+                            prop_assert!(delete_pod != start.delete_terminated_pod);
+                            prop_assert_eq!(delete_hook_objects, facts.container_hooks);
+                        }
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn a_deregistration_covers_both_records(recorded in 0i64..4, in_secret in 0i64..4, done in 0i64..4) {
+            let plan = deregistration(recorded, in_secret, |id| id == done);
+            for id in [recorded, in_secret] {
+                if id != 0 && id != done {
+                    prop_assert!(plan.remove.contains(&id));
+                }
+            }
+            prop_assert!(!plan.remove.contains(&done) || done == 0);
+            prop_assert!(!plan.remove.contains(&0));
+            prop_assert_eq!(plan.look_up_by_name, recorded == 0 && in_secret == 0);
+            let mut unique = plan.remove.clone();
+            unique.dedup();
+            prop_assert_eq!(unique, plan.remove);
         }
     }
 

@@ -5,7 +5,9 @@
 //! pod watch; pod deletions (which shared watches do not forward) through `reconcile_on`.
 
 mod cache;
+pub mod facts;
 pub mod lifecycle;
+pub mod passes;
 pub mod pod;
 pub mod policy;
 mod reconcile;
@@ -24,46 +26,61 @@ use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 
 pub use cache::{prune_cached_pod, prune_cached_runner};
-pub(crate) use reconcile::known_identity;
-pub use reconcile::{
-    POD_CREATION_FAILED_EVENT, POD_DELETED_EVENT, POD_DELETED_REASON, in_teardown,
-};
+pub use reconcile::{POD_CREATION_FAILED_EVENT, POD_DELETED_EVENT, POD_DELETED_REASON};
 
 use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 use crate::fair::FairLane;
 use crate::pods::CachedPod;
+use passes::PassLocks;
 
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "ephemeralrunner";
 
-async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.instrumented(
-        CONTROLLER,
-        runner.as_ref(),
-        reconcile::reconcile(Arc::clone(&runner), Arc::clone(&ctx)),
-    )
-    .await
+/// What both lanes' passes share: the manager's context and the runners' turns ([`PassLocks`]).
+pub struct RunnerContext {
+    /// The manager's context.
+    pub base: Arc<Context>,
+    /// One pass at a time per runner, across both lanes.
+    pub passes: Arc<PassLocks>,
 }
 
-fn error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.requeue_after_error(CONTROLLER, runner.as_ref(), error, ErrorRequeue::Backoff)
+async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
+    let _turn = ctx.passes.turn(&runner.uid().unwrap_or_default()).await;
+    ctx.base
+        .instrumented(
+            CONTROLLER,
+            runner.as_ref(),
+            reconcile::reconcile(Arc::clone(&runner), Arc::clone(&ctx.base)),
+        )
+        .await
+}
+
+fn error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<RunnerContext>) -> Action {
+    ctx.base
+        .requeue_after_error(CONTROLLER, runner.as_ref(), error, ErrorRequeue::Backoff)
 }
 
 /// Controller name of the teardown lane in metrics and logs.
 pub const TEARDOWN_CONTROLLER: &str = "ephemeralrunner-teardown";
 
-async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.instrumented(
-        TEARDOWN_CONTROLLER,
-        runner.as_ref(),
-        reconcile::teardown(Arc::clone(&runner), Arc::clone(&ctx)),
-    )
-    .await
+async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
+    let _turn = ctx.passes.turn(&runner.uid().unwrap_or_default()).await;
+    ctx.base
+        .instrumented(
+            TEARDOWN_CONTROLLER,
+            runner.as_ref(),
+            reconcile::teardown(Arc::clone(&runner), Arc::clone(&ctx.base)),
+        )
+        .await
 }
 
-fn teardown_error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.requeue_after_error(
+fn teardown_error_policy(
+    runner: Arc<EphemeralRunner>,
+    error: &Error,
+    ctx: Arc<RunnerContext>,
+) -> Action {
+    ctx.base.requeue_after_error(
         TEARDOWN_CONTROLLER,
         runner.as_ref(),
         error,
@@ -78,12 +95,15 @@ fn teardown_error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<C
 /// [`reconcile::reconcile`] leaves exactly these runners alone, so each effect has one owner.
 pub async fn run_teardown(
     ctx: Arc<Context>,
+    passes: Arc<PassLocks>,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
     pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let config = Config::default().concurrency(ctx.options.runner_teardown_concurrency);
-    Controller::for_shared_stream(runners, ctx.stores.runners.clone())
+    let store = ctx.stores.runners.clone();
+    let ctx = Arc::new(RunnerContext { base: ctx, passes });
+    Controller::for_shared_stream(runners, store)
         .owns_shared_stream(pods)
         .with_config(config)
         .graceful_shutdown_on(shutdown)
@@ -186,6 +206,7 @@ async fn take_turns(
 /// "Scale sets take turns").
 pub async fn run(
     ctx: Arc<Context>,
+    passes: Arc<PassLocks>,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
     pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     pod_deletions: impl Stream<Item = ObjectRef<EphemeralRunner>> + Send + 'static,
@@ -204,8 +225,10 @@ pub async fn run(
         shutdown.clone(),
     );
     let config = Config::default().concurrency(ctx.options.runner_concurrency);
+    let store = ctx.stores.runners.clone();
+    let ctx = Arc::new(RunnerContext { base: ctx, passes });
     // The framework's own triggers are only its requeues; every watch event comes through the turns.
-    let controller = Controller::for_shared_stream(stream::pending(), ctx.stores.runners.clone())
+    let controller = Controller::for_shared_stream(stream::pending(), store)
         .reconcile_on(passes_rx)
         .with_config(config)
         .graceful_shutdown_on(shutdown)

@@ -6,7 +6,6 @@
 //! deletions (which shared watches do not forward), and the pods of runners whose status shows no identity yet
 //! (a scale-down may wait for them), through `reconcile_on`.
 
-pub mod completions;
 mod reconcile;
 pub mod runner;
 pub mod scale;
@@ -25,11 +24,6 @@ use crate::error::Error;
 
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "ephemeralrunnerset";
-
-/// The key a set's in-memory books (its expectations and completions) go by: `namespace/name`.
-pub fn set_key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
-}
 
 async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.instrumented(

@@ -35,14 +35,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use super::completions::{Counted, listing};
 use super::runner::{desired_runner, scale_set_identity};
 use super::scale::{
     Census, ScalePlan, already_applied, places_held, plan, removal_candidates, stale_runners,
 };
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
+use crate::completions::{Counted, listing, set_key};
 use crate::context::Context;
-use crate::ephemeral_runner::{in_teardown, known_identity};
+use crate::ephemeral_runner::facts::{in_teardown, known_identity};
 use crate::error::{Error, Result};
 use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::kubeutil::{
@@ -123,7 +123,7 @@ impl<'a> SetStep<'a> {
         Ok(Self {
             set,
             ctx,
-            key: super::set_key(&namespace, &name),
+            key: set_key(&namespace, &name),
             api: Api::namespaced(client.clone(), &namespace),
             runners: Api::namespaced(client.clone(), &namespace),
             secrets: Api::namespaced(client, &namespace),

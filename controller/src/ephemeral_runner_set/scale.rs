@@ -10,7 +10,8 @@ use crds::{EphemeralRunner, EphemeralRunnerSetStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::ephemeral_runner::policy::runner_not_started;
+pub use crate::completions::Places;
+use crate::ephemeral_runner::facts::runner_not_started;
 use crate::pods::CachedPod;
 use crate::pods::{is_waiting_for_node, ready_since};
 
@@ -165,18 +166,6 @@ pub fn already_applied(
         Some(applied) => generation == Some(applied),
         None => patch_id == census.latest_patch_id,
     }
-}
-
-/// What the set knows of its runners beyond their buckets ([`super::completions`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Places {
-    /// Places kept for runners that left with a job the target may still count: not filled.
-    pub held: usize,
-    /// Runners [`Census::total`] counts whose job is over (the listener listed it, or the pod succeeded) but that
-    /// have not gone yet: they serve no job the target counts, so they fill none of its places. The target drops
-    /// a job the moment its completion reaches the listener, while the runner's own teardown may take seconds
-    /// more in a burst; counted as serving, they would leave queued jobs without runners until they are gone.
-    pub finishing: usize,
 }
 
 impl Places {

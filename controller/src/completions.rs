@@ -1,5 +1,7 @@
 //! Runners that left with a job, counted until the listener's target leaves their jobs out
-//! (docs/reference/controllers.md, "Finished runners and the target"; not in ARC).
+//! (docs/reference/controllers.md, "Finished runners and the target"; not in ARC). A shared book: the runner
+//! watch and the runner controller's teardown write to it, the EphemeralRunnerSet controller's scaling step reads
+//! it, and neither controller imports the other for it.
 //!
 //! A target is computed from statistics fetched at one moment. A runner whose job completes after that moment can
 //! finish and leave before the patch lands; counting only the runners still there, the set would make a spare
@@ -21,8 +23,24 @@ use crds::listing::{CompletedRunner, same_registration};
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use kube::{Resource, ResourceExt};
 
-use super::scale::Places;
 use crate::context::lock;
+
+/// The key a set's in-memory books (its expectations and completions) go by: `namespace/name`.
+pub fn set_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// What a set knows of its runners beyond their buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Places {
+    /// Places kept for runners that left with a job the target may still count: not filled.
+    pub held: usize,
+    /// Runners the set counts whose job is over (the listener listed it, or the pod succeeded) but that have not
+    /// gone yet: they serve no job the target counts, so they fill none of its places. The target drops a job
+    /// the moment its completion reaches the listener, while the runner's own teardown may take seconds more in
+    /// a burst; counted as serving, they would leave queued jobs without runners until they are gone.
+    pub finishing: usize,
+}
 
 /// What a set knows about one runner's finished job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +213,7 @@ pub fn owner_set_key(runner: &EphemeralRunner) -> Option<String> {
     let owner = runner.owner_references().iter().find(|owner| {
         owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
     })?;
-    Some(super::set_key(&runner.namespace()?, &owner.name))
+    Some(set_key(&runner.namespace()?, &owner.name))
 }
 
 /// A runner the set's census counts as holding a place, as [`Completions::standing`] weighs it.

@@ -1,0 +1,393 @@
+//! Following a runner's pod: mirroring its state, the job's metadata, the registration check, and the ends of a
+//! pod other than success (failures, disruptions, a pod lost under a job, a stuck deletion, retries exhausted).
+
+use super::*;
+
+impl Step<'_> {
+    pub(super) async fn handle_pod(
+        &self,
+        pod: &CachedPod,
+        identity: Option<&JitIdentity>,
+    ) -> Result<Action> {
+        let pod_uid = pod.uid().unwrap_or_default();
+        let status = self.status();
+        if status.failures.contains_key(&pod_uid) {
+            // Already handled; its deletion event brings the runner back.
+            delete_if_present(&self.pods, &self.name, &self.namespace).await?;
+            return Ok(Action::requeue(self.ctx.options.resync_interval));
+        }
+        if let Some(metadata) = job_metadata(&status)
+            && self.ctx.runner_memory.job_metadata_due(
+                &self.uid,
+                &pod_uid,
+                metadata.digest(),
+                metadata.is_on(pod),
+            )
+            && !self.ended_meanwhile()
+        {
+            self.apply_job_metadata(&metadata, &pod_uid).await?;
+        }
+        match judge_pod(pod) {
+            // Nothing to show yet: the identity waits for the first state worth a write (see `create_pod`).
+            PodVerdict::Wait if starting_normally(pod) => {
+                Ok(Action::requeue(self.ctx.options.resync_interval))
+            }
+            // No node for it: shown as Pending, with the identity.
+            PodVerdict::Wait => {
+                self.follow(
+                    phase::PENDING,
+                    false,
+                    String::new(),
+                    String::new(),
+                    false,
+                    identity,
+                )
+                .await
+            }
+            PodVerdict::Progress {
+                phase,
+                ready,
+                reason,
+                message,
+            } => {
+                let starting = starting_normally(pod);
+                self.follow(&phase, ready, reason, message, starting, identity)
+                    .await
+            }
+            // A pod read from the API server in this pass: its watch event brings the runner to the teardown lane.
+            PodVerdict::Succeeded => Ok(Action::await_change()),
+            PodVerdict::Outdated => self.mark_outdated(identity).await,
+            PodVerdict::Failed(failure) => self.pod_failed(pod, failure, identity).await,
+        }
+    }
+
+    /// Applies the job's labels and annotations to pod `uid`. The uid in the body makes the apply fail instead of
+    /// creating a pod when that one is already gone (an apply creates what does not exist): a pass working from
+    /// a cache a moment behind must not bring a finished runner's pod back. Repeating it while the cache has not
+    /// caught up changes nothing (same content, same field manager).
+    pub(super) async fn apply_job_metadata(
+        &self,
+        metadata: &super::super::pod::JobMetadata,
+        uid: &str,
+    ) -> Result<()> {
+        let patch = json!({
+            "apiVersion": Pod::api_version(&()),
+            "kind": Pod::kind(&()),
+            "metadata": {
+                "name": self.name,
+                "uid": uid,
+                "labels": metadata.labels,
+                "annotations": metadata.annotations,
+            },
+        });
+        match self
+            .pods
+            .patch(
+                &self.name,
+                &PatchParams::apply(ER_JOB_METADATA_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                self.ctx
+                    .runner_memory
+                    .applied_job_metadata(&self.uid, uid, metadata.digest());
+                Ok(())
+            }
+            // Gone (404), or the name now belongs to another pod (409): its own pass labels that one.
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(()),
+            Err(source) => Err(Error::PatchObject {
+                kind: Pod::kind(&()),
+                what: "job metadata",
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// The runner is starting or running: mirror the pod, and now and then make sure the service still knows
+    /// the runner (a zombie is replaced; docs/reference/beyond-arc.md, item 7). `starting_normally`: the pod has
+    /// not run yet and waits on nothing ([`starting_normally`]).
+    pub(super) async fn follow(
+        &self,
+        pod_phase: &str,
+        ready: bool,
+        reason: String,
+        message: String,
+        starting_normally: bool,
+        identity: Option<&JitIdentity>,
+    ) -> Result<Action> {
+        let status = self.status();
+        // A pod starting as it should shows nothing an empty status does not: the first write waits for it to run
+        // or to wait on something, and carries the identity (see `create_pod`).
+        let starting = starting_normally
+            && status.phase.is_empty()
+            && pod_phase == phase::PENDING
+            && !ready
+            && reason.is_empty()
+            && message.is_empty();
+        if (status.phase != pod_phase || status.ready != ready)
+            && !starting
+            && !self.ended_meanwhile()
+        {
+            let mut patch = StatusPatch {
+                phase: Some(RunnerPhase::of_pod(pod_phase)),
+                ready: Some(ready),
+                ..StatusPatch::default()
+            };
+            patch.explain(reason, message);
+            if let Some(identity) = identity {
+                self.record_identity(identity, &mut patch);
+            }
+            self.patch_status(&patch).await?;
+        }
+        let interval = self.ctx.options.runner.registration_check_interval;
+        let idle_and_running = pod_phase == phase::RUNNING && ready && !status.has_job();
+        if idle_and_running
+            && let Some(identity) = identity
+            && self
+                .ctx
+                .runner_memory
+                .registration_check_due(&self.uid, interval)
+        {
+            match self.actions().await?.get_runner(identity.runner_id).await {
+                Ok(Some(_)) => {}
+                Ok(None) => return self.replace_zombie(identity).await,
+                Err(error) => tracing::warn!(%error, "checking the runner registration failed"),
+            }
+        }
+        let next = if idle_and_running && !interval.is_zero() {
+            interval.min(self.ctx.options.resync_interval)
+        } else {
+            self.ctx.options.resync_interval
+        };
+        Ok(Action::requeue(next))
+    }
+
+    pub(super) async fn replace_zombie(&self, identity: &JitIdentity) -> Result<Action> {
+        self.ctx
+            .metrics
+            .zombie_runners
+            .get_or_create(&self.scale_set())
+            .inc();
+        self.event(
+            EventType::Warning,
+            "ZombieRunner",
+            "DeleteRunner",
+            format!(
+                "the Actions Service no longer knows runner {} while its pod runs; deleting the runner so the set \
+                 replaces it",
+                identity.runner_id
+            ),
+        )
+        .await;
+        self.delete_self().await?;
+        Ok(Action::await_change())
+    }
+
+    /// The pod failed: a runner with a job is deleted; otherwise the JIT config is discarded (the runner may have
+    /// consumed it), the failure recorded (counted or not) and the pod deleted, to be recreated after the backoff.
+    pub(super) async fn pod_failed(
+        &self,
+        pod: &CachedPod,
+        failure: PodFailure,
+        identity: Option<&JitIdentity>,
+    ) -> Result<Action> {
+        if self.runner.has_job() {
+            self.event(
+                EventType::Warning,
+                "RunnerFailedWithJob",
+                "DeleteRunner",
+                format!(
+                    "the runner pod failed while running a job: {}",
+                    failure.message
+                ),
+            )
+            .await;
+            self.delete_self().await?;
+            return Ok(Action::await_change());
+        }
+        if let Some(identity) = identity
+            && self
+                .actions()
+                .await?
+                .remove_runner(identity.runner_id)
+                .await?
+                == Removal::JobStillRunning
+        {
+            // The service gave it a job the listener has not reported yet: never restart such a runner.
+            self.delete_self().await?;
+            return Ok(Action::await_change());
+        }
+        delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+        let pod_uid = pod.uid().unwrap_or_default();
+        let mut patch = StatusPatch {
+            ready: Some(false),
+            ..StatusPatch::default()
+        };
+        patch.explain(failure.reason.clone(), failure.message.clone());
+        patch.forget_identity(self.status().runner_id);
+        let delay = if failure.counted {
+            patch.failures = Some([(pod_uid, Time(Timestamp::now()))].into());
+            self.ctx
+                .metrics
+                .pod_failures
+                .get_or_create(&self.reason_labels(failure.class))
+                .inc();
+            failure_delay(
+                self.failures() + 1,
+                self.ctx.options.runner.failure_backoff_base,
+            )
+        } else {
+            let count = self.ctx.runner_memory.disrupted(&self.uid);
+            self.ctx
+                .metrics
+                .pod_disruptions
+                .get_or_create(&self.reason_labels(failure.class))
+                .inc();
+            disruption_delay(count, self.ctx.options.runner.disruption_backoff_max)
+        };
+        self.patch_status(&patch).await?;
+        let (reason, what) = if failure.counted {
+            ("RunnerPodFailed", "counted as a failure")
+        } else {
+            ("RunnerPodDisrupted", "not counted as a failure")
+        };
+        self.event(
+            EventType::Warning,
+            reason,
+            "RecreatePod",
+            format!(
+                "{}: {} ({what}); a new pod follows",
+                failure.reason, failure.message
+            ),
+        )
+        .await;
+        delete_if_present(&self.pods, &self.name, &self.namespace).await?;
+        // The pod's deletion event brings the runner back; the backoff is read from the status then.
+        Ok(Action::requeue(delay.max(Duration::from_secs(1))))
+    }
+
+    pub(super) async fn mark_outdated(&self, identity: Option<&JitIdentity>) -> Result<Action> {
+        self.event(
+            EventType::Warning,
+            reason::OUTDATED,
+            "UpdateStatus",
+            "the runner version is deprecated; update the runner image".to_owned(),
+        )
+        .await;
+        let mut patch = StatusPatch {
+            phase: Some(RunnerPhase::Outdated),
+            ..StatusPatch::default()
+        };
+        patch.explain(
+            reason::OUTDATED.to_owned(),
+            "Runner is deprecated".to_owned(),
+        );
+        self.patch_status(&patch).await?;
+        if let Some(identity) = identity {
+            self.actions()
+                .await?
+                .remove_runner(identity.runner_id)
+                .await?;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Waits for a deleted pod to go: its deletion event brings the runner back; so does its deadline, after which
+    /// the runner gives up its place.
+    pub(super) fn await_pod_gone(&self, pod: Option<&CachedPod>) -> Action {
+        let deadline = pod
+            .and_then(|pod| pod.meta().deletion_timestamp.as_ref())
+            .map(|deadline| deadline.0);
+        let until = deadline
+            .and_then(|deadline| Duration::try_from(deadline.duration_since(Timestamp::now())).ok())
+            .unwrap_or(Duration::ZERO);
+        Action::requeue(
+            (until + STUCK_TERMINATING_SLACK + Duration::from_secs(1))
+                .min(self.ctx.options.resync_interval),
+        )
+    }
+
+    /// The runner had a job and lost its pod: deleting the runner finishes it (its finalizer deregisters it once
+    /// the service lets go of the job, which it fails or retries).
+    pub(super) async fn finish_interrupted(&self) -> Result<Action> {
+        let job = self.status().job_id;
+        self.event(
+            EventType::Warning,
+            POD_DELETED_EVENT,
+            "DeleteRunner",
+            format!(
+                "the runner pod was deleted or evicted while the runner held job {job:?}; the runner is finished \
+                 and the job is left to GitHub to fail or retry"
+            ),
+        )
+        .await;
+        self.ctx
+            .metrics
+            .pod_disruptions
+            .get_or_create(&self.reason_labels("pod_deleted_with_job"))
+            .inc();
+        self.delete_self().await?;
+        Ok(Action::await_change())
+    }
+
+    /// The pod stays past its deletion deadline (no kubelet is stopping it): the runner gives up its place so the
+    /// set creates one that can start elsewhere.
+    pub(super) async fn give_up_place(&self) -> Result<Action> {
+        self.event(
+            EventType::Warning,
+            "RunnerPodStuckTerminating",
+            "DeleteRunner",
+            "the runner pod is still terminating long after its grace period (is its node lost?); deleting the \
+             runner so the set replaces it"
+                .to_owned(),
+        )
+        .await;
+        self.delete_self().await?;
+        Ok(Action::await_change())
+    }
+
+    /// Too many counted failures: report and delete; the set creates a replacement.
+    pub(super) async fn give_up(&self) -> Result<Action> {
+        self.ctx
+            .metrics
+            .retries_exhausted
+            .get_or_create(&self.scale_set())
+            .inc();
+        self.event(
+            EventType::Warning,
+            "RetriesExhausted",
+            "DeleteRunner",
+            format!(
+                "the runner pod failed {} times; deleting the runner so the set replaces it",
+                self.failures()
+            ),
+        )
+        .await;
+        self.delete_self().await?;
+        Ok(Action::await_change())
+    }
+
+    /// How long to wait before creating the next pod, after counted failures or disruptions.
+    pub(super) fn pod_backoff(&self) -> Option<Duration> {
+        let policy = &self.ctx.options.runner;
+        let status = self.status();
+        let after_failures = remaining_failure_backoff(
+            &status.failures,
+            policy.failure_backoff_base,
+            Timestamp::now(),
+        );
+        let after_disruptions = self
+            .ctx
+            .runner_memory
+            .last_disruption(&self.uid)
+            .and_then(|(count, at)| {
+                disruption_delay(count, policy.disruption_backoff_max).checked_sub(at.elapsed())
+            })
+            .filter(|left| !left.is_zero());
+        after_failures.max(after_disruptions)
+    }
+}

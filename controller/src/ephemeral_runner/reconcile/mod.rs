@@ -1,0 +1,493 @@
+//! One EphemeralRunner reconcile: the executor of [`super::lifecycle::decide`] (docs/runner-lifecycle.md).
+//!
+//! # Expected flow
+//! finalizers → runner re-read from the API server → registration and JIT config Secret → pod (same pass) →
+//! follow the pod until the runner exits 0 → the runner deletes itself → deletion: deregister, delete pod and
+//! Secret, drop finalizers.
+//!
+//! # Guarantees
+//! * A runner is deregistered from the Actions Service before its finalizers go, except when its credentials
+//!   Secret is gone (then nothing could deregister it; an Event says so).
+//! * A JIT config goes into at most one pod: a Secret is made in the pass that makes the pod, and a Secret whose
+//!   pod the API server says is gone is discarded with its registration before anything new is made.
+//! * A runner holding a job is never restarted and never deregistered while the service says the job runs; one
+//!   whose pod is deleted or evicted is finished, the job left to the service.
+//! * Only the runner's own failures count against its retry budget; disruptions (evictions, preemption, node
+//!   loss, pods deleted through the API, kubelet rejections) and API rejections (quota, admission) are retried
+//!   without limit, with backoff.
+//!
+//! # Writes
+//! Status edits are typed merge patches of the changed fields only, under this controller's field manager: the
+//! listener writes the job fields of the same status, and a merge patch never touches fields it does not name.
+
+mod creation;
+mod following;
+mod registration;
+mod status;
+mod teardown;
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crds::constants::{
+    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION,
+    RUNNER_CONTAINER_NAME, RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
+    phase, reason,
+};
+use crds::{EphemeralRunner, EphemeralRunnerSet};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::facts::{in_teardown, known_identity};
+use super::lifecycle::{
+    Facts, Next, PodFact, RunnerFact, SecretFact, Teardown, TeardownEnd, TeardownFacts,
+    after_deregistration, decide, deregistration, plan_teardown,
+};
+use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
+use super::policy::{
+    CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay,
+    failure_delay, judge_pod, remaining_failure_backoff, starting_normally,
+};
+use crate::actions::{
+    Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
+};
+use crate::completions::owner_set_key;
+use crate::context::Context;
+use crate::error::{Error, Result, is_status};
+use crate::hash::runner_spec_hash;
+use crate::kubeutil::{
+    add_finalizers, controller_ref, delete_if_present, delete_terminated_pod, has_finalizer,
+    name_and_namespace, remove_finalizers,
+};
+use crate::metrics::{RunnerLabels, RunnerReasonLabels};
+use crate::options::{ER_FIELD_MANAGER, ER_JOB_METADATA_FIELD_MANAGER};
+use crate::pods::CachedPod;
+use registration::Registration;
+use status::{RunnerPhase, StatusPatch};
+pub use teardown::teardown;
+
+/// The runner's two finalizers: its children's cleanup and its deregistration.
+const RUNNER_FINALIZERS: [&str; 2] = [
+    EPHEMERAL_RUNNER_FINALIZER,
+    EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
+];
+/// Status reason while an idle runner waits for its deleted pod to go.
+pub const POD_DELETED_REASON: &str = "PodDeleted";
+/// Event reason when a runner's pod was deleted or evicted by someone else.
+pub const POD_DELETED_EVENT: &str = "RunnerPodDeleted";
+/// Event reason when creating a runner's pod failed with an error (not a refusal) and its registration went.
+pub const POD_CREATION_FAILED_EVENT: &str = "RunnerPodCreationFailed";
+/// How long past its deletion deadline a pod may stay before its runner gives up the place: the kubelet stops the
+/// containers by the deadline and then reports; a pod still there this long after has no kubelet looking after it
+/// (a lost node), and the set needs the capacity elsewhere.
+const STUCK_TERMINATING_SLACK: Duration = Duration::from_secs(30);
+/// Retry after the service said a runner name exists and then that it does not (its own eventual consistency).
+const SERVICE_RETRY: Duration = Duration::from_secs(1);
+/// How long a pass waits for the watch to bring a pod this process created before reading from the API server
+/// instead ([`crate::context::RunnerMemory::awaiting_pod`]): far longer than the watch takes in a burst.
+const POD_CREATED_EXPECTATION: Duration = Duration::from_secs(10);
+/// Upper bound of decision steps in one pass ([`super::lifecycle`]'s property tests show passes end sooner).
+const MAX_STEPS: usize = 16;
+
+/// Reconciles one EphemeralRunner.
+#[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
+pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
+    // This manager's own last status write, while the cache has not caught up with it.
+    let runner = ctx
+        .runner_memory
+        .fresher(&runner.uid().unwrap_or_default())
+        .unwrap_or(runner);
+    let step = Step::new(&runner, &ctx, ctx.client.clone())?;
+    let mut pod = step.cached_pod();
+    if in_teardown(&runner, pod.as_deref()) || ctx.runner_memory.is_tearing_down(&step.uid) {
+        // The teardown lane's ([`teardown`]), also once its deletion of the pod reached the cache before the
+        // runner's own deletion did: a busy runner without a pod would otherwise look interrupted.
+        return Ok(Action::await_change());
+    }
+    if let Some(wait) =
+        ctx.runner_memory
+            .awaiting_pod(&step.uid, pod.is_some(), POD_CREATED_EXPECTATION)
+    {
+        // The pod this process just created is on its way to the cache; its event brings the runner back.
+        return Ok(Action::requeue(wait));
+    }
+    let mut facts = step.initial_facts(pod.as_deref());
+    let mut identity = known_identity(&ctx.runner_memory, &runner, pod.as_deref());
+    if facts.registered {
+        ctx.runner_memory.identity_recorded(&step.uid);
+    } else {
+        // A pod this process created, whose identity the status does not show yet: it was not written before
+        // the pod (see `Step::create_pod`).
+        facts.registered = identity.is_some();
+    }
+    // The runner as the API server gave it before registering: the cache keeps no pod template
+    // (`prune_cached_runner`), so the Secret and the pod are made from this copy.
+    let mut fresh: Option<EphemeralRunner> = None;
+    // The registration the JIT Secret records, when read: it may differ from the status's (a later attempt's
+    // Secret made, its status write then failed), and both go when the config is discarded.
+    let mut secret_registration = 0;
+    for _ in 0..MAX_STEPS {
+        let next = decide(&facts);
+        tracing::trace!(?next, "runner step");
+        match next {
+            Next::ReadSecret => {
+                let (fact, read) = step.read_jit_secret().await?;
+                facts.secret = fact;
+                secret_registration = read.as_ref().map_or(0, |read| read.runner_id);
+                if identity.is_none() {
+                    identity = read;
+                }
+            }
+            Next::ReadPod => {
+                pod = step.read_pod().await?.map(Arc::new);
+                facts.pod = pod_fact(pod.as_deref(), Timestamp::now());
+            }
+            Next::ReadRunner => {
+                let (fact, current) = step.read_self().await?;
+                facts.fresh_runner = fact;
+                fresh = current;
+            }
+            Next::AddFinalizers => {
+                step.ensure_finalizers().await?;
+                facts.finalizers_missing = false;
+            }
+            Next::DiscardConfig => match step
+                .discard_config(identity.as_ref(), secret_registration)
+                .await?
+            {
+                Removal::JobStillRunning => facts.service_busy = true,
+                Removal::Removed => {
+                    facts.secret = SecretFact::Absent;
+                    facts.registered = false;
+                    identity = None;
+                    secret_registration = 0;
+                }
+            },
+            Next::ReleaseIdle => match step.release_idle(identity.as_ref()).await? {
+                Removal::JobStillRunning => facts.service_busy = true,
+                Removal::Removed => {
+                    facts.registered = false;
+                    identity = None;
+                }
+            },
+            Next::DryRunPod => match step.dry_run_pod(step.fresh(fresh.as_ref())?).await? {
+                Some(action) => return Ok(action),
+                None => facts.dry_run_passed = true,
+            },
+            Next::Register => match step
+                .register(
+                    step.fresh(fresh.as_ref())?,
+                    facts.secret == SecretFact::Absent,
+                )
+                .await?
+            {
+                Registration::Registered(registered) => {
+                    identity = Some(registered);
+                    facts.secret = SecretFact::Fresh;
+                    facts.registered = true;
+                }
+                // A first attempt's Secret exists after all, or may: read it, as any other attempt does.
+                Registration::ReadSecretFirst => facts.first_attempt = false,
+                Registration::Wait(action) => return Ok(action),
+            },
+            // The teardown lane's; `in_teardown` above already left such a runner to it.
+            Next::Finalize => return Ok(Action::await_change()),
+            Next::DeleteChildren => {
+                step.delete_children().await?;
+                return Ok(Action::await_change());
+            }
+            Next::GiveUp => return step.give_up().await,
+            Next::Wait(wait) => return Ok(Action::requeue(wait)),
+            Next::FinishInterrupted => return step.finish_interrupted().await,
+            Next::AwaitPodGone => return Ok(step.await_pod_gone(pod.as_deref())),
+            Next::GiveUpPlace => return step.give_up_place().await,
+            Next::CreatePod => {
+                let Some(identity) = identity else {
+                    return Err(step.corrupt("no identity after registering"));
+                };
+                return step
+                    .create_pod(step.fresh(fresh.as_ref())?, &identity)
+                    .await;
+            }
+            Next::Follow => {
+                let Some(pod) = pod else {
+                    return Err(step.corrupt("no pod to follow"));
+                };
+                return step.handle_pod(&pod, identity.as_ref()).await;
+            }
+            Next::Stop => return Ok(Action::await_change()),
+        }
+    }
+    tracing::warn!("a runner pass did not settle; it runs again");
+    Ok(Action::requeue(ctx.options.resync_interval))
+}
+
+/// What the pod in hand says, for [`decide`].
+fn pod_fact(pod: Option<&CachedPod>, now: Timestamp) -> PodFact {
+    let Some(pod) = pod else {
+        return PodFact::Gone;
+    };
+    let verdict = judge_pod(pod);
+    match &pod.meta().deletion_timestamp {
+        None => PodFact::Live(verdict),
+        Some(deadline) => PodFact::Terminating {
+            verdict,
+            past_deadline: Duration::try_from(now.duration_since(deadline.0))
+                .is_ok_and(|past| past > STUCK_TERMINATING_SLACK),
+        },
+    }
+}
+
+/// One reconcile's view of a runner.
+struct Step<'a> {
+    runner: &'a EphemeralRunner,
+    ctx: &'a Context,
+    name: String,
+    namespace: String,
+    uid: String,
+    api: Api<EphemeralRunner>,
+    pods: Api<Pod>,
+    secrets: Api<Secret>,
+    /// The resource version this pass's last status write left (the copy in hand predates it).
+    written_at: std::sync::Mutex<Option<String>>,
+}
+
+impl<'a> Step<'a> {
+    /// A pass over `runner` whose writes go through `client` (the main lane's or the teardown lane's).
+    fn new(runner: &'a EphemeralRunner, ctx: &'a Context, client: kube::Client) -> Result<Self> {
+        let (name, namespace) = name_and_namespace(runner)?;
+        Ok(Self {
+            runner,
+            ctx,
+            uid: runner.uid().unwrap_or_default(),
+            api: Api::namespaced(client.clone(), &namespace),
+            pods: Api::namespaced(client.clone(), &namespace),
+            secrets: Api::namespaced(client, &namespace),
+            name,
+            namespace,
+            written_at: std::sync::Mutex::default(),
+        })
+    }
+
+    /// What the cached runner and pod say, before anything is read from the API server.
+    fn initial_facts(&self, pod: Option<&CachedPod>) -> Facts {
+        let status = self.status();
+        let finalizers = self.runner.finalizers();
+        let has = |finalizer: &str| finalizers.iter().any(|have| have == finalizer);
+        Facts {
+            deleting: self.runner.meta().deletion_timestamp.is_some(),
+            done: self.runner.is_done(),
+            finalizers_missing: !has(EPHEMERAL_RUNNER_FINALIZER)
+                || !has(EPHEMERAL_RUNNER_REGISTRATION_FINALIZER),
+            failures: status.failures.len(),
+            max_failures: self.ctx.options.runner.max_pod_failures,
+            has_job: status.has_job(),
+            service_busy: false,
+            registered: status.runner_id != 0,
+            backoff: self.pod_backoff(),
+            // A refusal recorded in the status, or a creation that failed in this process: either way the next
+            // registration waits for a dry run the cluster admits.
+            rejected: status.reason == reason::POD_CREATION_REJECTED
+                || self.ctx.runner_memory.pod_creation_failed(&self.uid),
+            dry_run_passed: false,
+            pod: match pod {
+                None => PodFact::NotCached,
+                Some(pod) => pod_fact(Some(pod), Timestamp::now()),
+            },
+            secret: SecretFact::Unread,
+            fresh_runner: RunnerFact::Unread,
+            // Only a runner about to register needs it (hashing the template is not free).
+            outdated_template: pod.is_none() && self.template_outdated(),
+            first_attempt: status.phase.is_empty()
+                && status.reason.is_empty()
+                && status.runner_id == 0
+                && status.failures.is_empty()
+                && self.ctx.runner_memory.last_disruption(&self.uid).is_none()
+                && !self.ctx.runner_memory.knows_pod_identity(&self.uid)
+                && !self.ctx.runner_memory.pod_creation_failed(&self.uid),
+        }
+    }
+
+    /// Whether the runner's set, as cached, has a newer template than the one the runner was made from (each
+    /// runner records it in `actions.github.com/integrity-hash`; one without the record is taken as current).
+    fn template_outdated(&self) -> bool {
+        let Some(made_from) = self.runner.annotations().get(INTEGRITY_HASH_ANNOTATION) else {
+            return false;
+        };
+        let Some(owner) = self.runner.owner_references().iter().find(|owner| {
+            owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
+        }) else {
+            return false;
+        };
+        self.ctx
+            .stores
+            .runner_sets
+            .get(&ObjectRef::new(&owner.name).within(&self.namespace))
+            .filter(|set| set.uid().as_deref() == Some(owner.uid.as_str()))
+            .and_then(|set| runner_spec_hash(&set.spec.ephemeral_runner_spec).ok())
+            .is_some_and(|current| current != *made_from)
+    }
+
+    fn status(&self) -> crds::EphemeralRunnerStatus {
+        self.runner.status.clone().unwrap_or_default()
+    }
+
+    /// The runner's pod as the watch cache shows it now.
+    fn cached_pod(&self) -> Option<Arc<CachedPod>> {
+        self.ctx
+            .stores
+            .pods
+            .get(&ObjectRef::new(&self.name).within(&self.namespace))
+    }
+
+    /// Whether the runner's end came while this pass ran: the teardown lane finalized it, or the caches now show it
+    /// deleted or its pod finished. A pass whose writes waited behind a burst's creations (the main lane's client
+    /// rate limit) then has nothing left to mirror: its write would reach a runner on its way out, or one already
+    /// gone (answered 404; 0.43 status writes per job in a 500-job burst, docs/benchmarks.md).
+    fn ended_meanwhile(&self) -> bool {
+        if self.ctx.runner_memory.is_tearing_down(&self.uid) {
+            return true;
+        }
+        let runner_going = self
+            .ctx
+            .stores
+            .runners
+            .get(&ObjectRef::new(&self.name).within(&self.namespace))
+            .is_none_or(|cached| {
+                cached.uid().as_deref() != Some(self.uid.as_str())
+                    || cached.meta().deletion_timestamp.is_some()
+            });
+        let pod_ended = self.cached_pod().is_some_and(|pod| {
+            pod.meta().deletion_timestamp.is_some() || judge_pod(&pod) == PodVerdict::Succeeded
+        });
+        runner_going || pod_ended
+    }
+
+    fn failures(&self) -> usize {
+        self.runner
+            .status
+            .as_ref()
+            .map_or(0, |status| status.failures.len())
+    }
+
+    fn corrupt(&self, reason: &str) -> Error {
+        Error::CorruptJitSecret {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// The scale set this runner belongs to, for metric labels.
+    fn scale_set(&self) -> RunnerLabels {
+        let labels = self.runner.labels();
+        RunnerLabels {
+            name: labels
+                .get(SCALE_SET_NAME_LABEL)
+                .cloned()
+                .unwrap_or_default(),
+            namespace: labels
+                .get(SCALE_SET_NAMESPACE_LABEL)
+                .cloned()
+                .unwrap_or_else(|| self.namespace.clone()),
+        }
+    }
+
+    fn reason_labels(&self, reason: &'static str) -> RunnerReasonLabels {
+        let RunnerLabels { name, namespace } = self.scale_set();
+        RunnerReasonLabels {
+            name,
+            namespace,
+            reason,
+        }
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
+        let regarding = self.runner.object_ref(&());
+        self.ctx
+            .publish(&regarding, type_, reason, action, note)
+            .await;
+    }
+
+    async fn actions(&self) -> Result<Actions> {
+        self.ctx
+            .actions
+            .get(&ClientSource::for_runner(self.runner))
+            .await
+    }
+
+    /// Asks for this runner's deletion (idempotent: the object is gone or going either way).
+    async fn delete_self(&self) -> Result<()> {
+        delete_if_present(&self.api, &self.name, &self.namespace).await?;
+        Ok(())
+    }
+
+    /// Adds whichever of the two finalizers is missing (both in one patch, unlike ARC).
+    async fn ensure_finalizers(&self) -> Result<()> {
+        add_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS).await?;
+        Ok(())
+    }
+
+    /// The JIT Secret, from the API server, and the identity it records.
+    async fn read_jit_secret(&self) -> Result<(SecretFact, Option<JitIdentity>)> {
+        Ok(
+            match read_secret(&self.ctx.client, &self.namespace, &self.name).await? {
+                None => (SecretFact::Absent, None),
+                Some(secret) => match read_jit_identity(&secret) {
+                    Ok(identity) => (SecretFact::Valid, Some(identity)),
+                    Err(reason) => {
+                        tracing::warn!(%reason, "the JIT Secret is corrupt; it is discarded");
+                        (SecretFact::Corrupt, None)
+                    }
+                },
+            },
+        )
+    }
+
+    /// The pod, from the API server.
+    async fn read_pod(&self) -> Result<Option<CachedPod>> {
+        self.pods
+            .get_opt(&self.name)
+            .await
+            .map(|pod| pod.map(CachedPod::from))
+            .map_err(|source| Error::ReadObjects {
+                kind: Pod::kind(&()),
+                namespace: self.namespace.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Whether this very runner (same uid) still exists and is not being deleted, from the API server: the
+    /// fence in front of a registration, which a cache a moment behind must never cause for a runner that is gone.
+    /// A live runner comes back too: its pod template is what the Secret and the pod are made from.
+    async fn read_self(&self) -> Result<(RunnerFact, Option<EphemeralRunner>)> {
+        let current = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind: EphemeralRunner::kind(&()),
+                namespace: self.namespace.clone(),
+                source: Box::new(source),
+            })?;
+        Ok(match current {
+            Some(runner)
+                if runner.uid().as_deref() == Some(self.uid.as_str())
+                    && runner.meta().deletion_timestamp.is_none() =>
+            {
+                (RunnerFact::Live, Some(runner))
+            }
+            _ => (RunnerFact::Going, None),
+        })
+    }
+}

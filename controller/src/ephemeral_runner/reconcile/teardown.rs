@@ -1,0 +1,222 @@
+//! The teardown lane's pass: a runner being deleted, or whose pod succeeded, is deregistered, its pod and Secret
+//! deleted and its finalizers dropped ([`super::super::lifecycle::plan_teardown`] decides the steps).
+
+use super::*;
+
+/// The teardown lane's pass ([`super::super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
+/// being deleted is deregistered, its pod and Secret deleted and its finalizers dropped, in this one pass. Other
+/// runners are the main lane's ([`reconcile`]).
+#[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
+pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
+    let step = Step::new(&runner, &ctx, ctx.teardown_client.clone())?;
+    let pod = step.cached_pod();
+    if !in_teardown(&runner, pod.as_deref()) {
+        return Ok(Action::await_change());
+    }
+    ctx.runner_memory.tearing_down(&step.uid);
+    // A runner whose pod succeeded is deleted and finalized in this pass, rather than on the deletion's watch
+    // event, which would only bring it back here.
+    let delete = runner.meta().deletion_timestamp.is_none();
+    if delete && let Some(set) = owner_set_key(&runner) {
+        // It ran its job: its set keeps its place until the listener's target leaves the job out, also when the
+        // listener's record of the job never reached the runner (a job shorter than that write).
+        let registration = known_identity(&ctx.runner_memory, &runner, pod.as_deref())
+            .map_or(0, |identity| identity.runner_id);
+        ctx.completions.left(&set, &step.name, registration);
+    }
+    step.finalize(delete).await
+}
+
+impl Step<'_> {
+    /// The uid of the runner's pod when the cache shows it terminated (`Succeeded` or `Failed`): nothing runs in
+    /// it any more.
+    pub(super) fn terminated_pod(&self) -> Option<String> {
+        self.cached_pod()
+            .filter(|pod| matches!(super::super::policy::pod_phase(pod), "Succeeded" | "Failed"))
+            .and_then(|pod| pod.uid())
+    }
+
+    /// Deletes the pod and the JIT Secret (done runners keep only the EphemeralRunner, for the set to count),
+    /// both at once.
+    pub(super) async fn delete_children(&self) -> Result<()> {
+        let terminated = self.terminated_pod();
+        let pod = async {
+            match &terminated {
+                Some(uid) => {
+                    delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid).await
+                }
+                None => delete_if_present(&self.pods, &self.name, &self.namespace).await,
+            }
+        };
+        let secret = delete_if_present(&self.secrets, &self.name, &self.namespace);
+        futures::try_join!(pod, secret)?;
+        Ok(())
+    }
+
+    /// The teardown ([`super::super::lifecycle::plan_teardown`]): the requests that depend on nothing at once (the deletion
+    /// request, the deregistration and then the Secret's deletion, a terminated pod's deletion), then what
+    /// waited for the service's answer, then both finalizers, last, once everything they stand for is done.
+    pub(super) async fn finalize(&self, delete: bool) -> Result<Action> {
+        let facts = TeardownFacts {
+            deleting: !delete,
+            // A pass on a cached copy from before this runner's finalization: deleting its children or patching
+            // it again would only cost the API server requests answered with 404.
+            finalized: !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER)
+                || self.ctx.runner_memory.was_finalized(&self.uid),
+            registration_finalizer: has_finalizer(
+                self.runner,
+                EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
+            ),
+            pod_terminated: self.terminated_pod().is_some(),
+            container_hooks: self.runner.has_container_hooks(),
+        };
+        let start = match plan_teardown(&facts) {
+            Teardown::Gone { delete_self } => {
+                if delete_self {
+                    self.delete_self().await?;
+                }
+                return Ok(Action::await_change());
+            }
+            Teardown::Start(start) => start,
+        };
+        let delete_self = async {
+            if start.delete_self {
+                self.delete_self().await?;
+            }
+            Ok::<_, Error>(())
+        };
+        let deregister = async {
+            let removal = if start.deregister {
+                self.deregister().await?
+            } else {
+                Removal::Removed
+            };
+            if removal == Removal::Removed {
+                delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+            }
+            Ok::<_, Error>(removal)
+        };
+        let terminated_pod = async {
+            if start.delete_terminated_pod
+                && let Some(uid) = self.terminated_pod()
+            {
+                delete_terminated_pod(&self.pods, &self.name, &self.namespace, &uid).await?;
+            }
+            Ok::<_, Error>(())
+        };
+        let ((), removal, ()) = futures::try_join!(delete_self, deregister, terminated_pod)?;
+        match after_deregistration(&facts, removal == Removal::Removed) {
+            TeardownEnd::AwaitJob => {
+                tracing::info!("the runner is still running a job; deregistration retried later");
+                Ok(Action::requeue(
+                    self.ctx.options.runner.job_still_running_requeue,
+                ))
+            }
+            TeardownEnd::Finish {
+                delete_pod,
+                delete_hook_objects,
+            } => {
+                if delete_pod {
+                    delete_if_present(&self.pods, &self.name, &self.namespace).await?;
+                }
+                if delete_hook_objects {
+                    self.delete_hook_objects().await?;
+                }
+                // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still
+                // finalize it once more, and then need not ask the service again.
+                remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS).await?;
+                // Finalizing follows a deletion request (the cached copy's or this pass's own): it is gone now.
+                self.ctx.runner_memory.finalized(&self.uid);
+                Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// Removes the runner's registrations ([`super::super::lifecycle::deregistration`]): the status's and the JIT
+    /// Secret's (read whatever the status says: it is the only record of a registration the status does not
+    /// show), else one found by name.
+    pub(super) async fn deregister(&self) -> Result<Removal> {
+        let recorded = self.status().runner_id;
+        let in_secret = read_secret(&self.ctx.client, &self.namespace, &self.name)
+            .await?
+            .and_then(|secret| read_jit_identity(&secret).ok())
+            .map_or(0, |identity| identity.runner_id);
+        let plan = deregistration(recorded, in_secret, |id| {
+            self.ctx.runner_memory.was_deregistered(&self.uid, id)
+        });
+        if plan.remove.is_empty() && !plan.look_up_by_name {
+            return Ok(Removal::Removed);
+        }
+        let actions = match self.actions().await {
+            Ok(actions) => actions,
+            // Nothing can deregister without credentials; a runner that never registered needs nothing. Holding
+            // the finalizer would only block the deletion of everything above (docs/reference/beyond-arc.md, item 13).
+            Err(error)
+                if credentials_gone(&error)
+                    || (plan.look_up_by_name && error.is_configuration_problem()) =>
+            {
+                self.event(
+                    EventType::Warning,
+                    "DeregistrationSkipped",
+                    "RemoveRunner",
+                    format!("runner {recorded} cannot be removed from GitHub: {error}"),
+                )
+                .await;
+                return Ok(Removal::Removed);
+            }
+            Err(error) => return Err(error),
+        };
+        let mut remove = plan.remove;
+        if plan.look_up_by_name
+            && let Some(found) = actions.get_runner_by_name(&self.name).await?
+            && found.runner_scale_set_id == self.runner.spec.runner_scale_set_id
+        {
+            remove.push(found.id);
+        }
+        for runner_id in remove {
+            if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
+                return Ok(Removal::JobStillRunning);
+            }
+            self.ctx.runner_memory.deregistered(&self.uid, runner_id);
+        }
+        Ok(Removal::Removed)
+    }
+
+    /// Pods and Secrets the runner's container hooks created (label `runner-pod=<runner name>`).
+    pub(super) async fn delete_hook_objects(&self) -> Result<()> {
+        let selector = ListParams::default().labels(&format!("{RUNNER_POD_LABEL}={}", self.name));
+        let read_error = |kind: Cow<'static, str>| {
+            let namespace = self.namespace.clone();
+            move |source| Error::ReadObjects {
+                kind,
+                namespace,
+                source: Box::new(source),
+            }
+        };
+        let pods = self
+            .pods
+            .list(&selector)
+            .await
+            .map_err(read_error(Pod::kind(&())))?;
+        for pod in pods
+            .items
+            .iter()
+            .filter(|pod| pod.meta().deletion_timestamp.is_none())
+        {
+            delete_if_present(&self.pods, &pod.name_any(), &self.namespace).await?;
+        }
+        let secrets = self
+            .secrets
+            .list(&selector)
+            .await
+            .map_err(read_error(Secret::kind(&())))?;
+        for secret in secrets
+            .items
+            .iter()
+            .filter(|secret| secret.meta().deletion_timestamp.is_none())
+        {
+            delete_if_present(&self.secrets, &secret.name_any(), &self.namespace).await?;
+        }
+        Ok(())
+    }
+}
