@@ -618,7 +618,7 @@ async fn an_unknown_runner_group_is_reported_without_a_hot_loop() {
 }
 
 #[tokio::test]
-async fn sets_made_by_arc_are_adopted_and_other_versions_deleted() {
+async fn sets_made_by_arc_are_adopted_and_other_versions_left_alone_with_a_condition() {
     // Switching from ARC by changing images keeps ARC's chart labels: `app.kubernetes.io/version: 0.14.2`.
     let env = Env::new("ars-version").await;
     let mut options = env.options();
@@ -636,11 +636,23 @@ async fn sets_made_by_arc_are_adopted_and_other_versions_deleted() {
     let id = wait_for_scale_set(&env, "from-arc").await;
     assert!(id > 0);
     wait_for_listener(&env, "from-arc").await;
-    env.eventually("the incompatible set deleted", || async {
-        env.runner_set("too-old").await.is_none().then_some(())
-    })
-    .await;
-    let events = env.events("too-old", "VersionNotAllowed").await;
+    // ARC deletes such a set, which uninstalls its scale set; it is left alone and says why.
+    let refused = env
+        .eventually("the incompatible set refused", || async {
+            let set = env.runner_set("too-old").await?;
+            let conditions = set.status?.conditions;
+            conditions
+                .into_iter()
+                .find(|condition| condition.reason == "VersionNotAccepted")
+        })
+        .await;
+    assert_eq!(refused.status, "False", "{refused:?}");
+    assert!(
+        refused
+            .message
+            .contains("nothing of this scale set is changed or deleted")
+    );
+    let events = env.events("too-old", "VersionNotAccepted").await;
     assert!(
         events.iter().any(|e| e
             .message
@@ -653,5 +665,9 @@ async fn sets_made_by_arc_are_adopted_and_other_versions_deleted() {
         "no scale set is created for a rejected set"
     );
     assert!(env.runner_set("from-arc").await.is_some());
+    assert!(
+        env.runner_set("too-old").await.is_some(),
+        "a set of another version is never deleted"
+    );
     manager.stop().await;
 }

@@ -814,7 +814,8 @@ async fn a_corrupt_jit_secret() {
     manager.stop().await;
 }
 
-/// A set labelled for another controller version is deleted, with a Warning Event that says why.
+/// A set labelled for a version the controller does not take care of is left alone, with a condition and a Warning
+/// Event that say why; one of the controller's previous minor (its chart not upgraded yet) is served.
 #[tokio::test]
 async fn an_incompatible_version_label() {
     let env = Env::new("version").await;
@@ -824,23 +825,43 @@ async fn an_incompatible_version_label() {
     let manager = env.start(options);
     let mut set = crds::AutoscalingRunnerSet::new("version", env.runner_set_spec());
     set.metadata.labels =
-        Some([("app.kubernetes.io/version".to_owned(), "0.1.0".to_owned())].into());
+        Some([("app.kubernetes.io/version".to_owned(), "0.3.0".to_owned())].into());
     env.runner_sets()
         .create(&PostParams::default(), &set)
         .await
         .expect("create");
     let event = env
-        .eventually("a VersionNotAllowed Event", || async {
-            env.events("version", "VersionNotAllowed")
+        .eventually("a VersionNotAccepted Event", || async {
+            env.events("version", "VersionNotAccepted")
                 .await
                 .into_iter()
                 .next()
         })
         .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
-    assert!(event.message.unwrap_or_default().contains("0.1.0"));
-    env.eventually("the set to be gone", || async {
-        env.runner_set("version").await.is_none().then_some(())
+    assert!(event.message.unwrap_or_default().contains("0.3.0"));
+    env.eventually("the refusal on the set's conditions", || async {
+        let conditions = env.runner_set("version").await?.status?.conditions;
+        conditions
+            .iter()
+            .any(|condition| condition.reason == "VersionNotAccepted")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(env.runner_set("version").await.is_some(), "never deleted");
+
+    // Its chart one minor behind the controller's (the controller upgraded first): served.
+    let mut previous = crds::AutoscalingRunnerSet::new("previous", env.runner_set_spec());
+    previous.metadata.labels =
+        Some([("app.kubernetes.io/version".to_owned(), "0.1.4".to_owned())].into());
+    env.runner_sets()
+        .create(&PostParams::default(), &previous)
+        .await
+        .expect("create");
+    env.eventually("the previous minor's set served", || async {
+        let status = env.runner_set("previous").await?.status?;
+        (status.phase == "Running").then_some(())
     })
     .await;
     manager.stop().await;

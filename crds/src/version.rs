@@ -9,10 +9,21 @@ pub const UNKNOWN_BUILD_VERSION: &str = "NA";
 pub const ARC_COMPATIBLE_VERSION: &str = "0.14";
 
 /// Whether this controller (built as `build_version`) takes care of a set labelled `resource_version`: one of its
-/// own version ([`is_version_allowed`]) or one of the ARC line it replaces ([`ARC_COMPATIBLE_VERSION`]).
+/// own version ([`is_version_allowed`]), one of its previous minor (a set whose scale-set chart is upgraded after
+/// the controller's, as a platform team upgrades: the controller first, then each scale set), or one of the ARC
+/// line it replaces ([`ARC_COMPATIBLE_VERSION`]).
 pub fn is_version_accepted(resource_version: &str, build_version: &str) -> bool {
     is_version_allowed(resource_version, build_version)
         || is_version_allowed(resource_version, ARC_COMPATIBLE_VERSION)
+        || previous_minor(build_version)
+            .is_some_and(|previous| major_minor(resource_version) == Some(previous))
+}
+
+/// The minor release line before `build_version`'s (`0.2.x` → `0.1`), if it has one: a `.0` minor has none
+/// (which line came before `1.0` is not known from the number).
+fn previous_minor(build_version: &str) -> Option<(u64, u64)> {
+    let (major, minor) = major_minor(build_version)?;
+    Some((major, minor.checked_sub(1)?))
 }
 
 /// Whether an object labelled with `resource_version` may be reconciled by a controller built as
@@ -71,6 +82,23 @@ mod tests {
         assert!(!is_version_accepted("0.15.0", "0.1.0"));
         assert!(!is_version_accepted("0.2.0", "0.1.0"));
         assert!(!is_version_accepted("garbage", "0.1.0"));
+    }
+
+    #[test]
+    fn sets_of_the_previous_minor_are_accepted_during_an_upgrade() {
+        // The controller upgraded to 0.2 first; the scale sets' charts follow one by one.
+        assert!(is_version_accepted("0.1.4", "0.2.0"));
+        assert!(is_version_accepted("0.2.1", "0.2.0"));
+        assert!(!is_version_accepted("0.0.9", "0.2.0"), "two minors back");
+        assert!(
+            !is_version_accepted("0.3.0", "0.2.0"),
+            "a newer chart than the controller"
+        );
+        assert!(is_version_accepted("1.3.0", "1.4.2"));
+        assert!(
+            !is_version_accepted("0.9.0", "1.0.0"),
+            "no known line before a .0 minor"
+        );
     }
 
     #[test]

@@ -46,11 +46,13 @@ use super::RunnerSetContext;
 use super::conditions::{self, Finding};
 use super::desired::runner_set_hash;
 use crate::error::{Error, Result};
-use crate::kubeutil::{add_finalizers, delete_if_present, has_finalizer, name_and_namespace};
+use crate::kubeutil::{add_finalizers, has_finalizer, name_and_namespace};
 use crate::metrics::RunnerLabels;
 
 /// Come back soon: waiting for a child to go away or appear.
 const SHORT_WAIT: Duration = Duration::from_secs(1);
+/// Condition reason and Event reason for a set whose version label this controller does not take care of.
+pub const VERSION_NOT_ACCEPTED: &str = "VersionNotAccepted";
 
 /// Reconciles one AutoscalingRunnerSet.
 #[tracing::instrument(skip(runner_set, ctx), fields(runner_set = %runner_set.name_any(), namespace = runner_set.namespace().unwrap_or_default()))]
@@ -244,26 +246,39 @@ impl<'a> Step<'a> {
             .map_err(self.patch_error(what))
     }
 
-    /// ARC deletes a set labelled for an incompatible version (docs/reference/controllers.md, "The version gate").
+    /// A set labelled for a version this controller does not take care of is left as it is, with a condition and
+    /// an Event that say why (docs/reference/controllers.md, "The version gate"). ARC deletes such a set, which
+    /// uninstalls the scale set (its runners and its registration on GitHub): a chart one minor ahead of the
+    /// controller, or a controller upgraded one minor too far, must never cost a user their scale sets.
     async fn reject_version(&self, version: &str) -> Result<Action> {
         let build = &self.ctx.base.options.build_version;
-        tracing::warn!(
-            version,
-            build,
-            "incompatible app.kubernetes.io/version; deleting"
+        let message = format!(
+            "label app.kubernetes.io/version {version:?} is not compatible with controller version {build:?} (its \
+             own minor or the one before, or ARC {ARC_COMPATIBLE_VERSION}): nothing of this scale set is changed \
+             or deleted; install a scale-set chart of the controller's version, or a controller of the set's"
         );
-        self.event(
-            EventType::Warning,
-            "VersionNotAllowed",
-            "Delete",
-            format!(
-                "label app.kubernetes.io/version {version:?} is not compatible with controller version \
-                 {build:?} (nor with ARC {ARC_COMPATIBLE_VERSION}); deleting the AutoscalingRunnerSet (install a \
-                 chart of the controller's version)"
-            ),
-        )
-        .await;
-        delete_if_present(&self.api, &self.name, &self.namespace).await?;
+        let already = self.runner_set.status.as_ref().is_some_and(|status| {
+            status.conditions.iter().any(|condition| {
+                condition.reason == VERSION_NOT_ACCEPTED && condition.message == message
+            })
+        });
+        if !already {
+            tracing::warn!(
+                version,
+                build,
+                "incompatible app.kubernetes.io/version; left alone"
+            );
+            self.event(
+                EventType::Warning,
+                VERSION_NOT_ACCEPTED,
+                "Reconcile",
+                message.clone(),
+            )
+            .await;
+            self.write_status(Err(Finding::new(VERSION_NOT_ACCEPTED, message)), None, None)
+                .await?;
+        }
+        // A change of its labels brings the set back.
         Ok(Action::await_change())
     }
 
