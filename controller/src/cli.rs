@@ -277,6 +277,7 @@ impl Args {
                 LogFormat::Text => "text",
             }
             .to_owned(),
+            health_addr: crds::constants::LISTENER_HEALTH_ADDR.to_owned(),
         }
     }
 

@@ -105,6 +105,9 @@ pub struct ListenerSettings {
     pub metrics_addr: String,
     /// Listener metrics path written into `config.json`.
     pub metrics_endpoint: String,
+    /// Where the listener serves `/healthz` (`health_addr` in `config.json`, not in ARC): where the scale-set
+    /// chart's liveness probe asks, whatever the metrics address.
+    pub health_addr: String,
     /// Listener `log_level`.
     pub log_level: String,
     /// Listener `log_format`.
@@ -120,6 +123,7 @@ impl Default for ListenerSettings {
             image_pull_secrets: Vec::new(),
             metrics_addr: ":8080".to_owned(),
             metrics_endpoint: "/metrics".to_owned(),
+            health_addr: crds::constants::LISTENER_HEALTH_ADDR.to_owned(),
             log_level: "debug".to_owned(),
             log_format: "text".to_owned(),
         }

@@ -48,8 +48,8 @@ pub const PATCH_ID_ANNOTATION: &str = "actions.github.com/patch-id";
 /// says exactly which version of the request was served, whoever wrote it. The listener reads it back, as the
 /// acknowledgement of [`COMPLETED_RUNNERS_ANNOTATION`].
 pub const APPLIED_GENERATION_ANNOTATION: &str = "actions.github.com/applied-generation";
-/// Not in ARC. On an ERS, written by the listener with every scaling patch: the names (comma-separated) of the
-/// runners whose finished jobs the patch's `replicas` no longer counts. The set keeps counting a runner that left
+/// Not in ARC. On an ERS, written by the listener with every scaling patch: the runners (comma-separated
+/// `name:runnerId`, [`crate::listing`]) whose finished jobs the patch's `replicas` no longer counts. The set keeps counting a runner that left
 /// with a job until its name is listed (or a while has passed), so a target computed before the job's completion
 /// reached the listener does not make the set replace a runner whose job is over. The listener lists a name until
 /// the set records, in [`APPLIED_GENERATION_ANNOTATION`], a generation that carried it.
@@ -93,6 +93,11 @@ pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 pub const COMPONENT_RUNNER_SET: &str = "runner-set";
 /// [`COMPONENT_LABEL`] value on AutoscalingListeners.
 pub const COMPONENT_LISTENER: &str = "runner-scale-set-listener";
+/// Not in ARC. Where the listener serves `/healthz`, whatever its metrics address: the scale-set chart's liveness
+/// probe (`listenerLivenessProbe`) asks port 8080. The manager writes it into every listener's config
+/// (`health_addr`); with `/healthz` on the metrics server instead, a metrics address of another port had the
+/// probe fail and the kubelet kill the listener every minute.
+pub const LISTENER_HEALTH_ADDR: &str = ":8080";
 /// [`COMPONENT_LABEL`] value on EphemeralRunners.
 pub const COMPONENT_RUNNER: &str = "runner";
 /// `app.kubernetes.io/version`: read on the ARS for the version gate, copied to the ERS and AL.

@@ -26,7 +26,7 @@ pub const MAX_RUNNERS_LIMIT: i64 = i32::MAX as i64;
 pub const MAX_SCALE_DOWN_DELAY_SECONDS: i64 = 86_400;
 
 /// Address `/healthz` is served on when neither `health_addr` nor `metrics_addr` is set (the chart probes it).
-pub const DEFAULT_HEALTH_ADDR: &str = ":8080";
+pub const DEFAULT_HEALTH_ADDR: &str = crds::constants::LISTENER_HEALTH_ADDR;
 
 /// Path of the liveness endpoint.
 pub const HEALTH_PATH: &str = "/healthz";

@@ -440,6 +440,7 @@ impl<'a> Step<'a> {
                 } else {
                     ""
                 },
+                health_addr: &settings.health_addr,
             },
         )
         .map_err(|error| {

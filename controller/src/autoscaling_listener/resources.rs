@@ -319,6 +319,8 @@ pub struct ConfigSettings<'a> {
     pub metrics_addr: &'a str,
     /// `metrics_endpoint` (empty: none).
     pub metrics_endpoint: &'a str,
+    /// `health_addr` (not in ARC): where `/healthz` is served, whatever `metrics_addr` says.
+    pub health_addr: &'a str,
 }
 
 /// `config.json` of the listener, keys in ARC's order (docs/reference/controllers.md, "Listener config file").
@@ -349,6 +351,8 @@ struct ListenerConfigJson<'a> {
     metrics_addr: &'a str,
     metrics_endpoint: &'a str,
     metrics: Option<&'a MetricsConfig>,
+    /// Not in ARC: `/healthz` at the address the chart's liveness probe asks, whatever `metrics_addr` says.
+    health_addr: &'a str,
     // Not in ARC (whose listener ignores unknown keys); left out when unset, so ARC's file is unchanged.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     min_runners_schedules: &'a [MinRunnersSchedule],
@@ -410,6 +414,7 @@ pub fn listener_config(
         metrics_addr: settings.metrics_addr,
         metrics_endpoint: settings.metrics_endpoint,
         metrics: spec.metrics.as_ref(),
+        health_addr: settings.health_addr,
         min_runners_schedules: &spec.min_runners_schedules,
         scale_down_delay_seconds: spec.scale_down_delay_seconds,
     };
@@ -838,6 +843,7 @@ mod tests {
             log_format: "json",
             metrics_addr: ":8080",
             metrics_endpoint: "/metrics",
+            health_addr: ":8080",
         };
         let text = listener_config(
             &listener,
@@ -849,8 +855,28 @@ mod tests {
         assert!(text.ends_with("}\n"));
         assert_eq!(
             text.trim_end(),
-            r#"{"configure_url":"https://github.com/org/repo","vault_type":"","vault_lookup_key":"","github_app_id":"","github_app_installation_id":0,"github_app_private_key":"","github_token":"ghp_x","ephemeral_runner_set_namespace":"runners","ephemeral_runner_set_name":"set","max_runners":5,"min_runners":1,"runner_scale_set_id":7,"runner_scale_set_name":"set","server_root_ca":"","log_level":"info","log_format":"json","metrics_addr":":8080","metrics_endpoint":"/metrics","metrics":null}"#
+            r#"{"configure_url":"https://github.com/org/repo","vault_type":"","vault_lookup_key":"","github_app_id":"","github_app_installation_id":0,"github_app_private_key":"","github_token":"ghp_x","ephemeral_runner_set_namespace":"runners","ephemeral_runner_set_name":"set","max_runners":5,"min_runners":1,"runner_scale_set_id":7,"runner_scale_set_name":"set","server_root_ca":"","log_level":"info","log_format":"json","metrics_addr":":8080","metrics_endpoint":"/metrics","metrics":null,"health_addr":":8080"}"#
         );
+    }
+
+    #[test]
+    fn the_health_endpoint_stays_where_the_probe_asks_whatever_the_metrics_address() {
+        let settings = ConfigSettings {
+            metrics_addr: ":9090",
+            metrics_endpoint: "/metrics",
+            health_addr: crds::constants::LISTENER_HEALTH_ADDR,
+            ..ConfigSettings::default()
+        };
+        let text = listener_config(
+            &listener(),
+            Some(&GitHubCredentials::Token("t".to_owned())),
+            "",
+            &settings,
+        )
+        .unwrap();
+        let config: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(config["metrics_addr"], ":9090");
+        assert_eq!(config["health_addr"], crds::constants::LISTENER_HEALTH_ADDR);
     }
 
     #[test]

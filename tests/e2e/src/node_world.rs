@@ -246,6 +246,8 @@ impl NodeWorld {
         options.listener.image = PROJECT_IMAGE.to_owned();
         options.listener.log_level = "info".to_owned();
         options.listener.metrics_addr = format!(":{metrics_port}");
+        // The probe above asks the metrics port: the listener serves /healthz there too.
+        options.listener.health_addr = format!(":{metrics_port}");
         options.runner.failure_backoff_base = Duration::from_millis(200);
         options.runner.job_still_running_requeue = Duration::from_millis(500);
         options.runner.pod_rejection_retry = Duration::from_secs(1);

@@ -6,7 +6,8 @@
 //! - the `listener-config` Secret volume's `config.json` is written to a private directory and
 //!   `LISTENER_CONFIG_PATH` points at it;
 //! - the listener's `metrics_addr` is rewritten to a free loopback port (several listeners share this host),
-//!   see [`ListenerExecutor::metrics_url`]; without metrics, `health_addr` gets a free port instead of `:8080`;
+//!   see [`ListenerExecutor::metrics_url`]; `health_addr` (the manager's `:8080`, or none without metrics) gets a
+//!   free port too, or the metrics port when the config shares the two;
 //! - plain `env` values and `secretKeyRef` values (the proxy variables) are passed through;
 //! - the process talks to the API server as the pod's ServiceAccount, with a token from the TokenRequest API, so
 //!   it has exactly the RBAC the controller granted, not admin rights.
@@ -347,6 +348,11 @@ impl Runner {
             .filter(Value::is_object)
             .ok_or_else(|| ExecutorError::InvalidConfig { pod: name.clone() })?;
 
+        let original_metrics = config
+            .get("metrics_addr")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         let metrics_url = match config.get("metrics_addr").and_then(Value::as_str) {
             Some(addr) if !addr.is_empty() => {
                 let port = free_port().map_err(io_err)?;
@@ -360,10 +366,23 @@ impl Runner {
             }
             _ => None,
         };
-        // Without metrics the listener serves /healthz on :8080, which several local listeners cannot share.
-        if metrics_url.is_none() && config.get("health_addr").is_none() {
-            let port = free_port().map_err(io_err)?;
-            config["health_addr"] = json!(format!("127.0.0.1:{port}"));
+        // The manager asks for /healthz on :8080 (where the chart's probe looks), which several local listeners
+        // cannot share: a free port instead, or the metrics server's when the config shares it; without metrics
+        // and without an address the listener would take :8080 as well.
+        match config.get("health_addr").and_then(Value::as_str) {
+            Some("") => {}
+            Some(addr) if addr == original_metrics && metrics_url.is_some() => {
+                config["health_addr"] = config["metrics_addr"].clone();
+            }
+            Some(_) => {
+                let port = free_port().map_err(io_err)?;
+                config["health_addr"] = json!(format!("127.0.0.1:{port}"));
+            }
+            None if metrics_url.is_none() => {
+                let port = free_port().map_err(io_err)?;
+                config["health_addr"] = json!(format!("127.0.0.1:{port}"));
+            }
+            None => {}
         }
 
         let pod_dir = self
