@@ -178,10 +178,11 @@ fn check_key_kind(label: &str, headers: &[String], der: &[u8]) -> Result<(), Key
     }
 }
 
-/// JOSE `alg` values golang-jwt knows; the reference client rejects tokens with any other.
+/// JOSE `alg` values golang-jwt knows, `none` included (it registers the unsigned method, so GitHub's Go client
+/// reads an unsigned admin token's `exp`, and so must this one); the reference client rejects tokens with any other.
 const KNOWN_ALGORITHMS: &[&str] = &[
     "HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
-    "ES384", "ES512", "EdDSA",
+    "ES384", "ES512", "EdDSA", "none",
 ];
 
 /// Reads the `exp` claim of the admin token without verifying its signature (the client cannot: it has no key).
@@ -413,6 +414,16 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_unsigned_admin_token_is_read_as_githubs_client_reads_it() {
+        let exp = admin_token_expiry(&token(
+            r#"{"alg":"none","typ":"JWT"}"#,
+            r#"{"exp":1700000000}"#,
+        ))
+        .expect("alg none is a known method");
+        assert_eq!(exp.as_second(), 1_700_000_000);
+    }
+
+    #[test]
     fn admin_token_problems_are_described_without_the_token() {
         let cases = [
             (
@@ -422,7 +433,7 @@ pub(crate) mod tests {
             (SecretString::new("a.b"), "three dot-separated"),
             (SecretString::new("!!.e30.c2ln"), "header is not base64url"),
             (token("not json", "{}"), "header is not JSON"),
-            (token(r#"{"alg":"none"}"#, r#"{"exp":1}"#), "known"),
+            (token(r#"{"alg":"XS999"}"#, r#"{"exp":1}"#), "known"),
             (token(r#"{"alg":"RS256"}"#, r#"{"iat":1}"#), "no numeric"),
             (
                 token(r#"{"alg":"RS256"}"#, r#"{"exp":"soon"}"#),
