@@ -896,8 +896,18 @@ fn pod_monitor_scrapes_the_manager_metrics_port() {
     );
     assert_eq!(
         monitor["spec"]["podMetricsEndpoints"],
-        json!([{"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s",
+        json!([{"port": "metrics", "path": "/metrics", "honorLabels": true, "interval": "15s", "scrapeTimeout": "5s",
                 "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"], "regex": "go_.*"}]}])
+    );
+    // The metrics' own name and namespace labels are kept unless the user says otherwise.
+    let m = render(chart().values(json!({
+        "metrics": {"controllerManagerAddr": ":8080"},
+        "podMonitor": {"enabled": true, "honorLabels": false},
+    })));
+    let monitor = m.get("PodMonitor", FULLNAME).expect("PodMonitor");
+    assert_eq!(
+        monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"],
+        false
     );
     assert_eq!(
         manager(deployment(&m))["ports"][0]["name"],

@@ -2041,6 +2041,7 @@ fn listener_pod_monitor_selects_the_listener_in_the_controller_namespace() {
             "podMetricsEndpoints": [{
                 "port": "metrics",
                 "path": "/listener-metrics",
+                "honorLabels": true,
                 "interval": "30s",
                 "scrapeTimeout": "10s",
                 "relabelings": [{"action": "replace", "targetLabel": "cluster", "replacement": "ci-east"}],
@@ -2075,7 +2076,7 @@ fn listener_pod_monitor_is_off_by_default_and_minimal_when_on() {
     );
     assert_eq!(
         monitor["spec"]["podMetricsEndpoints"],
-        json!([{"port": "metrics", "path": "/metrics"}])
+        json!([{"port": "metrics", "path": "/metrics", "honorLabels": true}])
     );
     assert_eq!(
         monitor["spec"]["namespaceSelector"]["matchNames"],
