@@ -5,13 +5,32 @@
 # the two always come from the same build.
 #
 #   docker build -t ghcr.io/arc-rs/arc-rs:0.1.0 .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t ghcr.io/arc-rs/arc-rs:0.1.0 .
+#
+# Every platform is cross-compiled on the build machine's own (no emulation): the builder stage runs on
+# $BUILDPLATFORM and builds for $TARGETPLATFORM with Rust's target and Debian's cross C toolchain (aws-lc, the TLS
+# library, has C parts).
 #
 # A .dockerignore excluding target/ keeps the build context small.
 
 ARG RUST_VERSION=1.95
 
-FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS builder
+FROM --platform=$BUILDPLATFORM docker.io/library/rust:${RUST_VERSION}-bookworm AS builder
+ARG TARGETARCH
 WORKDIR /src
+RUN case "$TARGETARCH" in \
+      amd64) echo x86_64-unknown-linux-gnu ;; \
+      arm64) echo aarch64-unknown-linux-gnu ;; \
+      *) echo "unsupported architecture: $TARGETARCH" >&2; exit 1 ;; \
+    esac > /target-triple \
+    && rustup target add "$(cat /target-triple)" \
+    && if [ "$TARGETARCH" = arm64 ] && [ "$(uname -m)" != aarch64 ]; then \
+      apt-get update && apt-get install -y --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+ENV CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+    AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
 # The whole workspace is needed: cargo loads every member's manifest, tests included.
 COPY . .
 # Cache mounts keep the registry and build artefacts between builds; the binaries are copied
@@ -23,9 +42,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --profile dist --locked -p controller --bin manager -p listener --bin listener \
+      --target "$(cat /target-triple)" \
     && mkdir -p /out \
-    && cp target/dist/manager /out/manager \
-    && cp target/dist/listener /out/ghalistener \
+    && cp "target/$(cat /target-triple)/dist/manager" /out/manager \
+    && cp "target/$(cat /target-triple)/dist/listener" /out/ghalistener \
     && ln -s ghalistener /out/listener
 
 # glibc and libgcc only, no shell, no package manager; runs as the distroless nonroot user.

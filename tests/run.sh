@@ -44,6 +44,12 @@ case "$node_status" in
   *) exit "$node_status" ;;
 esac
 
+step "release workflows (actionlint) and versions"
+# The release itself runs only on GitHub (a registry, signing); here its workflow is linted, and one version must
+# name the crates and both charts (the charts' packaging and NOTES are checked by tests/charts/tests/release.rs).
+"$KUBEBUILDER_ASSETS/actionlint" .github/workflows/*.yml
+tests/env/check-release-versions.sh
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

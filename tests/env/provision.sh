@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries the tests run against, from their Go modules, at pinned versions:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubelet (k8s.io/kubernetes), etcd
-# (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3). They land in a cache outside the repository and are
+# (go.etcd.io/etcd/server/v3), helm (helm.sh/helm/v3) and actionlint (github.com/rhysd/actionlint), which checks
+# the release workflows. They land in a cache outside the repository and are
 # reused when present. kubelet and kube-scheduler serve the real-node tier (docs/development.md); the node's
 # runtime (containerd, runc, CNI plugins) comes from the distribution: tests/env/provision-node.sh.
 #
@@ -12,10 +13,14 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+# The linter of the release workflows (.github/workflows), from the Go module proxy.
+ACTIONLINT_VERSION="${ACTIONLINT_VERSION:-v1.7.12}"
 
 cache_root="${ARC_RS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/arc-rs}"
 assets="$cache_root/k8s-$K8S_VERSION"
-bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd helm)
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd helm actionlint)
+# actionlint is rebuilt when its version's stamp is missing.
+actionlint_stamp="actionlint-$ACTIONLINT_VERSION.version"
 # helm is rebuilt when this stamp is missing: a helm built without the release's Kubernetes version flags
 # renders every chart as if for Kubernetes v1.20.
 helm_stamp="helm-$HELM_VERSION.release-flags"
@@ -25,7 +30,7 @@ log() { printf '[provision] %s\n' "$*" >&2; }
 have_all() {
   local b
   for b in "${bins[@]}"; do [ -x "$assets/$b" ] || return 1; done
-  [ -f "$assets/$helm_stamp" ]
+  [ -f "$assets/$helm_stamp" ] && [ -f "$assets/$actionlint_stamp" ]
 }
 
 if have_all; then
@@ -147,8 +152,18 @@ build_helm() {
   touch "$assets/$helm_stamp"
 }
 
+build_actionlint() {
+  [ -x "$assets/actionlint" ] && [ -f "$assets/$actionlint_stamp" ] && return 0
+  log "building actionlint $ACTIONLINT_VERSION"
+  GOBIN="$work/actionlint-bin" go install -trimpath -ldflags "-s -w" \
+    "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" >&2
+  mv "$work/actionlint-bin/actionlint" "$assets/actionlint"
+  touch "$assets/$actionlint_stamp"
+}
+
 build_etcd
 build_helm
+build_actionlint
 build_k8s
 
 have_all || { log "provisioning did not produce every binary in $assets"; exit 1; }

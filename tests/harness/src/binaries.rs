@@ -171,7 +171,9 @@ mod tests {
             shipped_build_args(),
             "the Dockerfile's `cargo build` line"
         );
-        let copied = format!("target/{SHIPPED_PROFILE}/manager");
+        // The image cross-compiles for its platform (`--target`, on the line after): the same profile and
+        // packages, built for another triple.
+        let copied = format!("/{SHIPPED_PROFILE}/manager\"");
         assert!(text.contains(&copied), "the Dockerfile copies {copied}");
     }
 
