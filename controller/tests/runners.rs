@@ -1206,3 +1206,49 @@ async fn a_runner_whose_secret_and_status_name_two_registrations_removes_both() 
     );
     manager.stop().await;
 }
+
+/// A pod that failed on its own and was then deleted by someone else (a user, a drain, the pod garbage collector)
+/// counts against the retry budget as any failed pod: before, the deletion made it an idle runner's pod taken
+/// away, and a runner whose pods kept failing this way was never given up. The failure and the deletion happen
+/// while no manager runs, so the manager first sees the pod failed and being deleted at once.
+#[tokio::test]
+async fn a_pod_that_failed_and_was_then_deleted_counts_its_failure() {
+    let env = Env::new("er-failed-deleted").await;
+    let manager = env.start(env.options());
+    env.create_set("arc", 1, 1).await;
+    let name = registered(&env, 1).await[0].name_any();
+    env.run_pod(&name).await;
+    env.recorded_runner_id(&name).await;
+    manager.stop().await;
+
+    // A finalizer of the test's keeps the deleted pod visible, as a kubelet stopping it would.
+    env.pods_api()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": ["arc-rs.test/hold"] } })),
+        )
+        .await
+        .expect("hold the pod");
+    env.end_pod(&name, "Failed", Some(1), None).await;
+    env.pods_api()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the failed pod");
+
+    let manager = env.start(env.options());
+    env.eventually("the failure counted", || async {
+        let status = env.runners_api().get(&name).await.ok()?.status?;
+        (status.failures.len() == 1).then_some(())
+    })
+    .await;
+    env.pods_api()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .expect("let the pod go");
+    manager.stop().await;
+}
