@@ -274,10 +274,19 @@ async fn a_started_job_is_scaled_for_before_its_runner_is_patched() {
 }
 
 /// What a patch of the EphemeralRunnerSet says about the completed runners: `None` when it leaves the annotation
-/// alone, `Some("")` when it removes it, else the names.
+/// alone, `Some("")` when it removes it, else the names (each entry also carries the registration its job ran
+/// under, which must be a real one).
 fn listing(patch: &serde_json::Value) -> Option<String> {
     match patch["metadata"]["annotations"].get(COMPLETED_RUNNERS_ANNOTATION)? {
-        serde_json::Value::String(names) => Some(names.clone()),
+        serde_json::Value::String(value) => {
+            let entries = crds::listing::parse(value);
+            assert!(
+                entries.iter().all(|entry| entry.runner_id != 0),
+                "every entry names its registration: {value}"
+            );
+            let names: Vec<&str> = entries.iter().map(|entry| entry.name.as_str()).collect();
+            Some(names.join(","))
+        }
         _ => Some(String::new()),
     }
 }
