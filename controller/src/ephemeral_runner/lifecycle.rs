@@ -508,7 +508,11 @@ mod tests {
         facts.secret = SecretFact::Valid;
         assert_eq!(decide(&facts), Next::Follow);
         facts.has_job = true;
-        assert_eq!(decide(&facts), Next::FinishInterrupted, "a busy runner is finished");
+        assert_eq!(
+            decide(&facts),
+            Next::FinishInterrupted,
+            "a busy runner is finished"
+        );
     }
 
     #[test]
