@@ -186,19 +186,6 @@ pub fn decide(facts: &Facts) -> Next {
         PodFact::Terminating { verdict, .. } if *verdict == PodVerdict::Succeeded && busy => {
             Next::Follow
         }
-        // A pod that failed on its own and is then deleted (by a user, a drain, the pod garbage collector) failed
-        // all the same: followed, its failure counts against the retry budget as if it had not been deleted.
-        PodFact::Terminating {
-            verdict: PodVerdict::Failed(failure),
-            ..
-        } if failure.counted && !busy => {
-            if !facts.registered && facts.secret == SecretFact::Unread {
-                // The registration it ran under goes with the failure: read it first.
-                Next::ReadSecret
-            } else {
-                Next::Follow
-            }
-        }
         PodFact::Terminating { .. } if busy => Next::FinishInterrupted,
         PodFact::Terminating { .. } if facts.registered => Next::ReleaseIdle,
         PodFact::Terminating {
@@ -492,27 +479,6 @@ mod tests {
             past_deadline: false,
         };
         assert_eq!(decide(&facts), Next::Follow, "exit 0 is a finished runner");
-    }
-
-    #[test]
-    fn a_pod_that_failed_then_was_deleted_still_counts_its_failure() {
-        let mut facts = fresh();
-        facts.registered = true;
-        facts.pod = PodFact::Terminating {
-            verdict: failed(),
-            past_deadline: false,
-        };
-        assert_eq!(decide(&facts), Next::Follow, "the failure is recorded");
-        facts.registered = false;
-        assert_eq!(decide(&facts), Next::ReadSecret, "its registration first");
-        facts.secret = SecretFact::Valid;
-        assert_eq!(decide(&facts), Next::Follow);
-        facts.has_job = true;
-        assert_eq!(
-            decide(&facts),
-            Next::FinishInterrupted,
-            "a busy runner is finished"
-        );
     }
 
     #[test]
