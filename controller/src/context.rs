@@ -964,28 +964,33 @@ mod tests {
         assert!(memory.is_tearing_down("u"));
     }
 
+    /// A runner `uid` at resource version `version` whose status records registration `runner_id` (phase Pending
+    /// with one, none without).
+    fn versioned_runner(uid: &str, version: &str, runner_id: i64) -> EphemeralRunner {
+        let mut runner = EphemeralRunner::new(
+            "r",
+            serde_json::from_value(serde_json::json!({
+                "githubConfigUrl": "u", "githubConfigSecret": "s", "runnerScaleSetId": 1,
+                "metadata": {}, "spec": { "containers": [] },
+            }))
+            .unwrap(),
+        );
+        runner.metadata.uid = Some(uid.to_owned());
+        runner.metadata.resource_version = Some(version.to_owned());
+        runner.status = Some(crds::EphemeralRunnerStatus {
+            runner_id,
+            phase: if runner_id == 0 { "" } else { "Pending" }.to_owned(),
+            ..crds::EphemeralRunnerStatus::default()
+        });
+        runner
+    }
+
     #[test]
     fn a_written_copy_serves_until_an_event_shows_the_write() {
         let memory = RunnerMemory::default();
+        // The write's version is later than the one before it.
         let runner = |uid: &str, runner_id: i64| {
-            let mut runner = EphemeralRunner::new(
-                "r",
-                serde_json::from_value(serde_json::json!({
-                    "githubConfigUrl": "u", "githubConfigSecret": "s", "runnerScaleSetId": 1,
-                    "metadata": {}, "spec": { "containers": [] },
-                }))
-                .unwrap(),
-            );
-            runner.metadata.uid = Some(uid.to_owned());
-            // The write's version is later than the one before it.
-            runner.metadata.resource_version =
-                Some(if runner_id == 0 { "1" } else { "5" }.to_owned());
-            runner.status = Some(crds::EphemeralRunnerStatus {
-                runner_id,
-                phase: if runner_id == 0 { "" } else { "Pending" }.to_owned(),
-                ..crds::EphemeralRunnerStatus::default()
-            });
-            runner
+            versioned_runner(uid, if runner_id == 0 { "1" } else { "5" }, runner_id)
         };
         let (before, written) = (|| runner("u", 0), || runner("u", 7));
         // A copy of another runner of the same name is not this one's.
@@ -1018,23 +1023,7 @@ mod tests {
     #[test]
     fn a_written_copy_goes_with_any_event_of_its_version_or_later() {
         let memory = RunnerMemory::default();
-        let runner = |version: &str, runner_id: i64| {
-            let mut runner = EphemeralRunner::new(
-                "r",
-                serde_json::from_value(serde_json::json!({
-                    "githubConfigUrl": "u", "githubConfigSecret": "s", "runnerScaleSetId": 1,
-                    "metadata": {}, "spec": { "containers": [] },
-                }))
-                .unwrap(),
-            );
-            runner.metadata.uid = Some("u".to_owned());
-            runner.metadata.resource_version = Some(version.to_owned());
-            runner.status = Some(crds::EphemeralRunnerStatus {
-                runner_id,
-                ..crds::EphemeralRunnerStatus::default()
-            });
-            runner
-        };
+        let runner = |version: &str, runner_id: i64| versioned_runner("u", version, runner_id);
         memory.seen(&runner("9", 0));
         memory.wrote("u", runner("10", 7));
         // An earlier version, shown otherwise: from before the write.

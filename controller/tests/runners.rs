@@ -442,33 +442,8 @@ async fn a_manager_killed_mid_scale_converges_without_duplicates_or_orphans() {
 
 #[tokio::test]
 async fn a_quota_rejection_is_retried_not_counted() {
-    use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use kube::api::PostParams;
-
     let env = Env::new("er-quota").await;
-    let quotas: kube::Api<ResourceQuota> = env.ctx.api();
-    let quota = ResourceQuota {
-        metadata: kube::api::ObjectMeta {
-            name: Some("no-pods".to_owned()),
-            ..kube::api::ObjectMeta::default()
-        },
-        spec: Some(ResourceQuotaSpec {
-            hard: Some([("pods".to_owned(), Quantity("0".to_owned()))].into()),
-            ..ResourceQuotaSpec::default()
-        }),
-        ..ResourceQuota::default()
-    };
-    quotas
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("create the quota");
-    // The quota controller must have computed usage before it rejects anything.
-    env.eventually("the quota in force", || async {
-        let quota = quotas.get("no-pods").await.ok()?;
-        quota.status?.used.map(|_| ())
-    })
-    .await;
+    let quotas = no_pods_quota(&env).await;
     env.create_set("arc", 1, 0).await;
     let manager = env.start(env.options());
 
@@ -1015,32 +990,8 @@ async fn a_scale_down_removes_runners_that_cannot_start_before_ready_ones() {
 /// the refused runners stayed.
 #[tokio::test]
 async fn refused_runners_are_scaled_down() {
-    use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use kube::api::PostParams;
-
     let env = Env::new("ers-refused").await;
-    let quotas: kube::Api<ResourceQuota> = env.ctx.api();
-    let quota = ResourceQuota {
-        metadata: kube::api::ObjectMeta {
-            name: Some("no-pods".to_owned()),
-            ..kube::api::ObjectMeta::default()
-        },
-        spec: Some(ResourceQuotaSpec {
-            hard: Some([("pods".to_owned(), Quantity("0".to_owned()))].into()),
-            ..ResourceQuotaSpec::default()
-        }),
-        ..ResourceQuota::default()
-    };
-    quotas
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("create the quota");
-    env.eventually("the quota in force", || async {
-        let quota = quotas.get("no-pods").await.ok()?;
-        quota.status?.used.map(|_| ())
-    })
-    .await;
+    let quotas = no_pods_quota(&env).await;
     env.create_set("arc", 3, 1).await;
     let manager = env.start(env.options());
     env.eventually("every runner refused", || async {
@@ -1205,4 +1156,35 @@ async fn a_runner_whose_secret_and_status_name_two_registrations_removes_both() 
         "the Secret's registration removed too"
     );
     manager.stop().await;
+}
+
+/// A ResourceQuota `no-pods` that allows no pod in the test's namespace, once the quota controller has computed its
+/// usage (it rejects nothing before).
+async fn no_pods_quota(env: &Env) -> kube::Api<k8s_openapi::api::core::v1::ResourceQuota> {
+    use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use kube::api::PostParams;
+
+    let quotas: kube::Api<ResourceQuota> = env.ctx.api();
+    let quota = ResourceQuota {
+        metadata: kube::api::ObjectMeta {
+            name: Some("no-pods".to_owned()),
+            ..kube::api::ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some([("pods".to_owned(), Quantity("0".to_owned()))].into()),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    };
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    env.eventually("the quota in force", || async {
+        let quota = quotas.get("no-pods").await.ok()?;
+        quota.status?.used.map(|_| ())
+    })
+    .await;
+    quotas
 }

@@ -57,6 +57,8 @@ impl Step<'_> {
     /// request, the deregistration and then the Secret's deletion, a terminated pod's deletion), then what
     /// waited for the service's answer, then both finalizers, last, once everything they stand for is done.
     pub(super) async fn finalize(&self, delete: bool) -> Result<Action> {
+        // The pod as the cache shows it now, read once for the plan and for its deletion.
+        let terminated = self.terminated_pod();
         let facts = TeardownFacts {
             deleting: !delete,
             // A pass on a cached copy from before this runner's finalization: deleting its children or patching
@@ -67,7 +69,7 @@ impl Step<'_> {
                 self.runner,
                 EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
             ),
-            pod_terminated: self.terminated_pod().is_some(),
+            pod_terminated: terminated.is_some(),
             container_hooks: self.runner.has_container_hooks(),
         };
         let start = match plan_teardown(&facts) {
@@ -98,9 +100,9 @@ impl Step<'_> {
         };
         let terminated_pod = async {
             if start.delete_terminated_pod
-                && let Some(uid) = self.terminated_pod()
+                && let Some(uid) = &terminated
             {
-                delete_terminated_pod(&self.pods, &self.name, &self.namespace, &uid).await?;
+                delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid).await?;
             }
             Ok::<_, Error>(())
         };
