@@ -601,13 +601,24 @@ impl RunnerMemory {
             .map(|(_, runner_id, runner_name)| (*runner_id, runner_name.clone()))
     }
 
+    /// The registration the latest pod this process created for runner `uid` ran under, once that pod is gone: the
+    /// JIT config of that registration may have been used, so whoever discards it must know it, even when the pod
+    /// vanished before a pass saw it leave (its identity never reached the status). Forgotten when discarded
+    /// ([`RunnerMemory::forget_pod_identity`]).
+    pub fn identity_of_gone_pod(&self, uid: &str) -> Option<(i64, String)> {
+        lock(&self.pod_identities)
+            .get(uid)
+            .map(|(_, runner_id, runner_name)| (*runner_id, runner_name.clone()))
+    }
+
     /// Whether this process created a pod for runner `uid` whose identity the status does not show yet.
     pub fn knows_pod_identity(&self, uid: &str) -> bool {
         lock(&self.pod_identities).contains_key(uid)
     }
 
-    /// The status of runner `uid` records an identity: the one kept for its pod is no longer needed.
-    pub fn identity_recorded(&self, uid: &str) {
+    /// The identity kept for runner `uid`'s pod is no longer needed: the status records an identity, or the
+    /// registration was discarded with its pod gone.
+    pub fn forget_pod_identity(&self, uid: &str) {
         lock(&self.pod_identities).remove(uid);
     }
 
@@ -787,8 +798,14 @@ mod tests {
             memory.identity_of_pod("a", "pod-2"),
             Some((8, "runner-a".to_owned()))
         );
-        memory.identity_recorded("a");
+        assert_eq!(
+            memory.identity_of_gone_pod("a"),
+            Some((8, "runner-a".to_owned())),
+            "the pod gone before the status recorded its registration: it must still be discarded"
+        );
+        memory.forget_pod_identity("a");
         assert_eq!(memory.identity_of_pod("a", "pod-2"), None);
+        assert_eq!(memory.identity_of_gone_pod("a"), None);
         memory.pod_runs_under("b", "pod-3", 9, "runner-b");
         memory.forget("b");
         assert!(!memory.knows_pod_identity("b"));

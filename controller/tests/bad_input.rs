@@ -760,8 +760,12 @@ async fn a_corrupt_jit_secret() {
     .await
     .expect("scale up");
     let runners: Api<EphemeralRunner> = env.ctx.api();
+    let pods: Api<Pod> = env.ctx.api();
+    let secrets: Api<Secret> = env.ctx.api();
+    // The Secret is made before the pod: under load the two are seconds apart, and the test is about a runner
+    // whose pod exists (deleting it must find it).
     let runner = env
-        .eventually("a runner with a JIT Secret", || async {
+        .eventually("a runner with its JIT Secret and its pod", || async {
             let runner = runners
                 .list(&ListParams::default())
                 .await
@@ -769,16 +773,12 @@ async fn a_corrupt_jit_secret() {
                 .items
                 .into_iter()
                 .next()?;
-            let secrets: Api<Secret> = env.ctx.api();
-            secrets
-                .get_opt(&runner.name_any())
-                .await
-                .unwrap()
-                .map(|_| runner)
+            secrets.get_opt(&runner.name_any()).await.unwrap()?;
+            pods.get_opt(&runner.name_any()).await.unwrap()?;
+            Some(runner)
         })
         .await
         .name_any();
-    let secrets: Api<Secret> = env.ctx.api();
     secrets
         .patch(
             &runner,
@@ -787,7 +787,6 @@ async fn a_corrupt_jit_secret() {
         )
         .await
         .expect("corrupt the Secret");
-    let pods: Api<Pod> = env.ctx.api();
     pods.delete(&runner, &DeleteParams::default())
         .await
         .expect("delete the runner's pod");

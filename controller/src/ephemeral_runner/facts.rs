@@ -25,7 +25,9 @@ pub fn in_teardown(runner: &EphemeralRunner, pod: Option<&CachedPod>) -> bool {
 
 /// The registration `runner` runs under as far as this process knows: the one its status records, or, until the
 /// status records one, the one this process created its pod `pod` under (the identity goes into the status with
-/// the pod's first state worth showing, see the runner controller's pod creation).
+/// the pod's first state worth showing, see the runner controller's pod creation). With no pod, the registration
+/// of the latest pod this process created, until its config is discarded: a pod that vanished between two passes
+/// leaves a registration that must still be removed.
 pub(crate) fn known_identity(
     memory: &RunnerMemory,
     runner: &EphemeralRunner,
@@ -38,16 +40,15 @@ pub(crate) fn known_identity(
             runner_name: status.runner_name.clone(),
         });
     }
-    let pod = pod?;
-    memory
-        .identity_of_pod(
-            &runner.uid().unwrap_or_default(),
-            &pod.uid().unwrap_or_default(),
-        )
-        .map(|(runner_id, runner_name)| JitIdentity {
-            runner_id,
-            runner_name,
-        })
+    let uid = runner.uid().unwrap_or_default();
+    match pod {
+        Some(pod) => memory.identity_of_pod(&uid, &pod.uid().unwrap_or_default()),
+        None => memory.identity_of_gone_pod(&uid),
+    }
+    .map(|(runner_id, runner_name)| JitIdentity {
+        runner_id,
+        runner_name,
+    })
 }
 
 #[cfg(test)]

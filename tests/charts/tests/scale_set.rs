@@ -41,11 +41,16 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// ARC 0.14.2's reference values files for this chart, when the shared reference data sits beside
-/// the repository (`../shared`); they are not part of the repository.
-fn arc_reference_values_dir() -> Option<PathBuf> {
-    let dir =
-        chart_tests::repo_root().join("../shared/reference/arc-0.14.2/scale-set-chart-test-values");
+/// ARC's reference values files for this chart, per reference (the released 0.14.2 and master at 2ee6b3b8) with
+/// how many files each holds, when the shared reference data sits beside the repository (`../shared`); they are
+/// not part of the repository.
+const ARC_REFERENCES: [(&str, usize); 2] = [("arc-0.14.2", 13), ("arc-master-2ee6b3b8", 14)];
+
+fn arc_reference_values_dir(reference: &str) -> Option<PathBuf> {
+    let dir = chart_tests::repo_root()
+        .join("../shared/reference")
+        .join(reference)
+        .join("scale-set-chart-test-values");
     dir.is_dir().then_some(dir)
 }
 
@@ -282,33 +287,40 @@ fn every_values_feature_has_a_fixture() {
     }
 }
 
-/// The compatibility check against ARC 0.14.2's own reference values files: each renders here as well. Those
-/// files are not in the repository; without them beside it the check says so and passes, and the project's
-/// fixtures above cover the same features.
+/// The compatibility check against ARC's own reference values files (the released 0.14.2 and master): each renders
+/// here as well. Those files are not in the repository; without them beside it the check says so and passes, and
+/// the project's fixtures above cover the same features.
 #[test]
 fn renders_every_arc_reference_values_file() {
     use std::io::Write as _;
-    let Some(dir) = arc_reference_values_dir() else {
-        // Written past the test harness's capture so the skip shows in a plain `cargo test`.
-        let _ = writeln!(
-            std::io::stderr(),
-            "renders_every_arc_reference_values_file: skipped, ARC's reference values files are not beside \
-             the repository (../shared/reference/arc-0.14.2); the project's own fixtures were rendered"
+    for (reference, count) in ARC_REFERENCES {
+        let Some(dir) = arc_reference_values_dir(reference) else {
+            // Written past the test harness's capture so the skip shows in a plain `cargo test`.
+            let _ = writeln!(
+                std::io::stderr(),
+                "renders_every_arc_reference_values_file: skipped {reference}, ARC's reference values files are \
+                 not beside the repository (../shared/reference/{reference}); the project's own fixtures were \
+                 rendered"
+            );
+            continue;
+        };
+        let files = yaml_files(&dir);
+        assert_eq!(
+            files.len(),
+            count,
+            "{reference}: reference files: {files:?}"
         );
-        return;
-    };
-    let files = yaml_files(&dir);
-    assert!(files.len() >= 14, "reference files missing: {files:?}");
-    for file in files {
-        for kube in [KUBE_VERSION, PRE_SIDECAR_KUBE_VERSION] {
-            let m = bare()
-                .values_file(&file)
-                .set("controllerServiceAccount.name", "arc")
-                .set("controllerServiceAccount.namespace", "arc-system")
-                .kube_version(kube)
-                .render()
-                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            assert_one_runner(&m, &format!("{} at {kube}", file.display()));
+        for file in files {
+            for kube in [KUBE_VERSION, PRE_SIDECAR_KUBE_VERSION] {
+                let m = bare()
+                    .values_file(&file)
+                    .set("controllerServiceAccount.name", "arc")
+                    .set("controllerServiceAccount.namespace", "arc-system")
+                    .kube_version(kube)
+                    .render()
+                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                assert_one_runner(&m, &format!("{} at {kube}", file.display()));
+            }
         }
     }
 }

@@ -124,7 +124,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
     let mut facts = step.initial_facts(pod.as_deref());
     let mut identity = known_identity(&ctx.runner_memory, &runner, pod.as_deref());
     if facts.registered {
-        ctx.runner_memory.identity_recorded(&step.uid);
+        ctx.runner_memory.forget_pod_identity(&step.uid);
     } else {
         // A pod this process created, whose identity the status does not show yet: it was not written before
         // the pod (see `Step::create_pod`).

@@ -210,6 +210,7 @@ impl Step<'_> {
             return Ok(Removal::JobStillRunning);
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+        self.ctx.runner_memory.forget_pod_identity(&self.uid);
         if let Some(error) = self
             .ctx
             .runner_memory
