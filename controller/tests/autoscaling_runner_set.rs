@@ -624,7 +624,7 @@ async fn sets_made_by_arc_are_adopted_and_other_versions_left_alone_with_a_condi
     let mut options = env.options();
     options.build_version = "0.1.0".to_owned();
     let manager = env.start(options);
-    for (name, version) in [("from-arc", "0.14.2"), ("too-old", "0.13.1")] {
+    for (name, version) in [("from-arc", "0.14.2"), ("too-old", "0.11.0")] {
         let mut set = crds::AutoscalingRunnerSet::new(name, env.runner_set_spec());
         set.metadata.labels =
             Some([("app.kubernetes.io/version".to_owned(), version.to_owned())].into());
@@ -657,7 +657,7 @@ async fn sets_made_by_arc_are_adopted_and_other_versions_left_alone_with_a_condi
         events.iter().any(|e| e
             .message
             .as_deref()
-            .is_some_and(|m| m.contains("\"0.13.1\""))),
+            .is_some_and(|m| m.contains("\"0.11.0\""))),
         "{events:?}"
     );
     assert!(

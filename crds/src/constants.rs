@@ -20,6 +20,9 @@ pub const AUTOSCALING_LISTENER_FINALIZER: &str = "autoscalinglistener.actions.gi
 pub const EPHEMERAL_RUNNER_SET_FINALIZER: &str = "ephemeralrunnerset.actions.github.com/finalizer";
 /// On EphemeralRunners; removed last by the ER controller.
 pub const EPHEMERAL_RUNNER_FINALIZER: &str = "ephemeralrunner.actions.github.com/finalizer";
+/// What ARC up to 0.14 puts on its EphemeralRunnerSets (the runners' string, not a set's); the ERS controller
+/// removes it with its own when a runner set of such a release is deleted, or the set would stay forever.
+pub const LEGACY_EPHEMERAL_RUNNER_SET_FINALIZER: &str = EPHEMERAL_RUNNER_FINALIZER;
 /// On EphemeralRunners; removed once the runner is deregistered from the Actions Service.
 pub const EPHEMERAL_RUNNER_REGISTRATION_FINALIZER: &str =
     "ephemeralrunner.actions.github.com/runner-registration-finalizer";

@@ -202,7 +202,8 @@ impl EphemeralRunnerStatus {
 
     /// Whether the listener recorded a job for this runner.
     pub fn has_job(&self) -> bool {
-        !self.job_id.is_empty()
+        // ARC 0.12 records a job by its request id only (no `jobId`); its runners are taken over as they are.
+        !self.job_id.is_empty() || self.job_request_id > 0
     }
 
     /// The latest recorded pod failure, `None` when there is none (ARC uses the zero time).
@@ -354,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn has_job_iff_job_id_is_set() {
+    fn has_job_iff_a_job_id_or_request_id_is_set() {
         let mut status = EphemeralRunnerStatus {
             job_repository_name: "o/r".to_owned(),
             ..EphemeralRunnerStatus::default()
@@ -362,6 +363,11 @@ mod tests {
         assert!(!status.has_job());
         status.job_id = "1".to_owned();
         assert!(status.has_job());
+        let arc_0_12 = EphemeralRunnerStatus {
+            job_request_id: 7,
+            ..EphemeralRunnerStatus::default()
+        };
+        assert!(arc_0_12.has_job(), "ARC 0.12 writes only jobRequestId");
     }
 
     #[test]

@@ -80,3 +80,58 @@ pub struct EphemeralRunnerSetStatus {
     #[schemars(transform = crate::schema::no_default)]
     pub phase: String,
 }
+
+impl EphemeralRunnerSet {
+    /// Whether this runner set was left by an earlier controller beside the one this project keeps per scale
+    /// set: it is controlled by an AutoscalingRunnerSet whose name it does not carry. ARC up to 0.14 names its
+    /// runner sets `<set>-xxxxx` (a generated suffix), this project and ARC's 0.15 line exactly `<set>`. Told by
+    /// structure, not by a version label (ARC's master builds also say 0.14.2). Such a set is never scaled: its
+    /// runners are taken over by the scale set's own runner set, and then it is deleted
+    /// (docs/migrating-from-arc.md, "What the manager does with what ARC left").
+    pub fn is_superseded(&self) -> bool {
+        let name = self.metadata.name.as_deref().unwrap_or_default();
+        self.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|owner| {
+                owner.controller == Some(true)
+                    && owner.kind == "AutoscalingRunnerSet"
+                    && owner.api_version == crate::constants::API_VERSION
+                    && owner.name != name
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn owned(name: &str, owner_kind: &str, owner_name: &str) -> EphemeralRunnerSet {
+        let mut set = EphemeralRunnerSet::new(name, EphemeralRunnerSetSpec::default());
+        set.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: crate::constants::API_VERSION.to_owned(),
+            kind: owner_kind.to_owned(),
+            name: owner_name.to_owned(),
+            uid: "u".to_owned(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]);
+        set
+    }
+
+    #[test]
+    fn a_runner_set_named_otherwise_than_its_scale_set_is_superseded() {
+        assert!(!owned("arc", "AutoscalingRunnerSet", "arc").is_superseded());
+        assert!(owned("arc-x7k2p", "AutoscalingRunnerSet", "arc").is_superseded());
+        assert!(
+            !owned("arc-x7k2p", "Deployment", "arc").is_superseded(),
+            "only an AutoscalingRunnerSet's runner sets"
+        );
+        assert!(
+            !EphemeralRunnerSet::new("by-hand", EphemeralRunnerSetSpec::default()).is_superseded(),
+            "a set without an owner is nobody's leftover"
+        );
+    }
+}

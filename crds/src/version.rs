@@ -4,17 +4,24 @@
 /// Build version used when none is injected at build time (never compatible with a released chart).
 pub const UNKNOWN_BUILD_VERSION: &str = "NA";
 
-/// The ARC release line whose charts and objects this controller replaces as they are: its sets carry
-/// `app.kubernetes.io/version: 0.14.x`, and a user who only changes images must not see them deleted.
-pub const ARC_COMPATIBLE_VERSION: &str = "0.14";
+/// The ARC release lines whose charts and objects this controller replaces as they are: their sets carry
+/// `app.kubernetes.io/version: 0.12.x` to `0.15.x` (ARC's master builds say 0.14.2), and a user who only changes
+/// images must not see them deleted. This project's own versions stay below 0.12 until these lines are long gone
+/// (docs/versioning.md).
+pub const ARC_COMPATIBLE_VERSIONS: [&str; 4] = ["0.12", "0.13", "0.14", "0.15"];
+
+/// [`ARC_COMPATIBLE_VERSIONS`] as people read it.
+pub const ARC_COMPATIBLE_RANGE: &str = "0.12 to 0.15";
 
 /// Whether this controller (built as `build_version`) takes care of a set labelled `resource_version`: one of its
 /// own version ([`is_version_allowed`]), one of its previous minor (a set whose scale-set chart is upgraded after
 /// the controller's, as a platform team upgrades: the controller first, then each scale set), or one of the ARC
-/// line it replaces ([`ARC_COMPATIBLE_VERSION`]).
+/// lines it replaces ([`ARC_COMPATIBLE_VERSIONS`]).
 pub fn is_version_accepted(resource_version: &str, build_version: &str) -> bool {
     is_version_allowed(resource_version, build_version)
-        || is_version_allowed(resource_version, ARC_COMPATIBLE_VERSION)
+        || ARC_COMPATIBLE_VERSIONS
+            .iter()
+            .any(|line| is_version_allowed(resource_version, line))
         || previous_minor(build_version)
             .is_some_and(|previous| major_minor(resource_version) == Some(previous))
 }
@@ -78,8 +85,14 @@ mod tests {
         assert!(is_version_accepted("0.14.2", "0.1.0"));
         assert!(is_version_accepted("0.14.0", "0.1.0"));
         assert!(is_version_accepted("0.1.3", "0.1.0"));
-        assert!(!is_version_accepted("0.13.1", "0.1.0"));
-        assert!(!is_version_accepted("0.15.0", "0.1.0"));
+        assert!(is_version_accepted("0.12.1", "0.1.0"));
+        assert!(is_version_accepted("0.13.1", "0.1.0"));
+        assert!(is_version_accepted("0.15.0", "0.1.0"));
+        assert!(
+            !is_version_accepted("0.11.0", "0.1.0"),
+            "before the supported ARC lines"
+        );
+        assert!(!is_version_accepted("0.16.0", "0.1.0"));
         assert!(!is_version_accepted("0.2.0", "0.1.0"));
         assert!(!is_version_accepted("garbage", "0.1.0"));
     }

@@ -20,6 +20,7 @@ pub mod runners;
 pub mod scale_set_labels;
 pub mod schedule_status;
 pub mod served;
+pub mod takeover;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -86,7 +86,11 @@ fn minus(at: Timestamp, by: Duration) -> Timestamp {
 }
 
 /// Reasons that describe progress rather than a problem (no Warning Event).
-pub const LISTENER_PROGRESS_REASONS: [&str; 2] = ["ListenerStarting", "SessionLost"];
+pub const LISTENER_PROGRESS_REASONS: [&str; 3] = ["ListenerStarting", "SessionLost", TAKING_OVER];
+
+/// Condition and Event reason while the set takes over what an earlier controller left (its listener, its runner
+/// sets): progress, not a problem.
+pub const TAKING_OVER: &str = "TakingOver";
 
 /// Whether the set is served by its listener, at `now`.
 pub fn judge_listener(view: &ListenerView<'_>, now: Timestamp) -> ListenerVerdict {

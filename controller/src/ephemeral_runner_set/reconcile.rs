@@ -20,7 +20,7 @@ use std::time::Duration;
 use actions_client::{GitHubConfig, Scope};
 use crds::constants::{
     APPLIED_GENERATION_ANNOTATION, EPHEMERAL_RUNNER_SET_FINALIZER, INTEGRITY_HASH_ANNOTATION,
-    SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, phase,
+    LEGACY_EPHEMERAL_RUNNER_SET_FINALIZER, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, phase,
 };
 use crds::names::ephemeral_runner_set_proxy_secret_name;
 use crds::{EphemeralRunner, EphemeralRunnerSet};
@@ -59,6 +59,12 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     let step = SetStep::new(&set, &ctx)?;
     if set.meta().deletion_timestamp.is_some() {
         return step.finalize().await;
+    }
+    if set.is_superseded() {
+        // A runner set an earlier controller left beside the scale set's own (ARC up to 0.14): never scaled, even
+        // when that controller's listener, still polling, patches its replicas; the AutoscalingRunnerSet
+        // controller moves its runners to the scale set's runner set and then deletes it.
+        return Ok(Action::await_change());
     }
     step.ensure_finalizer().await?;
     let hash = runner_spec_hash(&set.spec.ephemeral_runner_spec)?;
@@ -607,7 +613,15 @@ impl<'a> SetStep<'a> {
     /// Deletion (docs/reference/controllers.md, "ERS deletion"): runners first (busy ones are waited for), then the
     /// proxy Secret, then the finalizer.
     async fn finalize(&self) -> Result<Action> {
-        if !has_finalizer(self.set, EPHEMERAL_RUNNER_SET_FINALIZER) {
+        // ARC up to 0.14 marks its runner sets with its runners' finalizer instead; nothing else removes it.
+        const FINALIZERS: [&str; 2] = [
+            EPHEMERAL_RUNNER_SET_FINALIZER,
+            LEGACY_EPHEMERAL_RUNNER_SET_FINALIZER,
+        ];
+        if !FINALIZERS
+            .iter()
+            .any(|finalizer| has_finalizer(self.set, finalizer))
+        {
             return Ok(Action::await_change());
         }
         if !self.cleanup().await? {
@@ -619,7 +633,7 @@ impl<'a> SetStep<'a> {
         if self.set.spec.ephemeral_runner_spec.proxy.is_some() {
             delete_if_present(&self.secrets, &self.proxy_secret_name(), &self.namespace).await?;
         }
-        remove_finalizers(&self.api, self.set, &[EPHEMERAL_RUNNER_SET_FINALIZER]).await?;
+        remove_finalizers(&self.api, self.set, &FINALIZERS).await?;
         self.ctx.expectations.forget(&self.key);
         self.ctx.completions.forget(&self.key);
         Ok(Action::await_change())

@@ -17,6 +17,7 @@ use crate::autoscaling_runner_set::conditions::Finding;
 use crate::autoscaling_runner_set::desired::{
     contains_all, desired_listener_name, desired_runner_set,
 };
+use crate::autoscaling_runner_set::served::TAKING_OVER;
 use crate::error::{Error, Result};
 use crate::kubeutil::{controller_ref, delete_if_present, get_if_present};
 
@@ -121,8 +122,21 @@ impl Step<'_> {
                 status,
             ));
         }
+        let take_over = self.take_over(&existing).await?;
+        if !take_over.adopt.is_empty() {
+            // The listener starts (or goes on) only once the set's own runner set counts the moved runners: a
+            // pass that finds none left to move reads the same cache as that runner set's controller.
+            return Ok(Converged::soon(
+                Finding::new(TAKING_OVER, take_over.adoption_note()),
+                status,
+            ));
+        }
         self.update_runner_set(&existing, &desired).await?;
-        let (action, listener) = self.converge_listener(scale_set_id).await?;
+        let (mut action, listener) = self.converge_listener(scale_set_id).await?;
+        if !take_over.is_done() {
+            // Superseded runner sets on their way out: their deletion is not an event of this set.
+            action = Action::requeue(SHORT_WAIT);
+        }
         Ok(Converged {
             action,
             listener,

@@ -37,9 +37,17 @@ impl Step<'_> {
         if waiting {
             return Ok(Action::requeue(SHORT_WAIT));
         }
-        if let Some(set) = self.get_runner_set().await? {
-            if set.meta().deletion_timestamp.is_none() {
+        // The set's own runner set and any an earlier controller left (their runners deregister as they go).
+        let superseded = self.superseded_runner_sets();
+        let own = self.get_runner_set().await?;
+        if own.is_some() || !superseded.is_empty() {
+            if own.is_some_and(|set| set.meta().deletion_timestamp.is_none()) {
                 delete_if_present(&self.runner_sets, &self.name, &self.namespace).await?;
+            }
+            for (name, deleting) in superseded {
+                if !deleting {
+                    delete_if_present(&self.runner_sets, &name, &self.namespace).await?;
+                }
             }
             return Ok(Action::requeue(SHORT_WAIT));
         }

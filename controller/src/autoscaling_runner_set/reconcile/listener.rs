@@ -14,7 +14,7 @@ use crate::autoscaling_runner_set::desired::{
     ListenerInputs, desired_listener, listener_up_to_date,
 };
 use crate::autoscaling_runner_set::schedule_status;
-use crate::autoscaling_runner_set::served::{ListenerView, judge_listener};
+use crate::autoscaling_runner_set::served::{ListenerView, TAKING_OVER, judge_listener};
 use crate::error::{Error, Result};
 use crate::kubeutil::{delete_if_present, get_if_present};
 
@@ -62,9 +62,27 @@ impl Step<'_> {
             },
         )?;
         let name = desired.name_any();
+        let mut stopping = Vec::new();
         for orphan in self.orphan_listeners(&name) {
             tracing::info!(listener = %orphan, "deleting a listener left behind under an older name");
-            self.delete_listener(&orphan).await?;
+            if self.delete_listener(&orphan).await? {
+                stopping.push(orphan);
+            }
+        }
+        if !stopping.is_empty() {
+            // Such a listener (an earlier controller's, still polling as the manager starts) holds the scale set's
+            // message session and scales its own runner set: the set's listener starts once it is gone.
+            return Ok((
+                Action::requeue(SHORT_WAIT),
+                Err(Finding::new(
+                    TAKING_OVER,
+                    format!(
+                        "waiting for listener(s) {} left under another name to stop before this set's listener \
+                         starts",
+                        stopping.join(", ")
+                    ),
+                )),
+            ));
         }
         let existing = get_if_present(&self.listeners, &name, &self.ctx.namespace).await?;
         let Some(existing) = existing else {

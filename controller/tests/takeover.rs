@@ -1,0 +1,625 @@
+//! Taking over what each ARC release line left, against the real control plane (docs/migrating-from-arc.md, "What
+//! the manager does with what ARC left"). Each fixture is written as that release writes its objects (names,
+//! owner references, finalizers, annotations, status, JIT Secret keys; facts from the release notes of each line),
+//! with the fake holding the matching registrations and jobs, and is in the API server before the manager starts.
+//! The CRDs installed are the project's: a field a release wrote that they do not have (0.12's
+//! `status.runnerJITConfig`) is pruned by the API server, as it is on a real upgrade of the CRDs.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use actions_client::JitSetting;
+use common::{CREDENTIALS, Env};
+use crds::constants::{
+    AUTOSCALING_LISTENER_FINALIZER, AUTOSCALING_RUNNER_SET_FINALIZER, EPHEMERAL_RUNNER_FINALIZER,
+    EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, EPHEMERAL_RUNNER_SET_FINALIZER,
+};
+use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+/// The release lines whose objects differ where a take-over matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Line {
+    /// 0.12.x: JIT token in the runner's status, jobs by request id only, finished runners kept as `Succeeded`,
+    /// listener named by the namespace hash.
+    V0_12,
+    /// 0.13.0: JIT Secret with the runner id, `jobId`; listener still named by the namespace hash.
+    V0_13_0,
+    /// 0.14.2: `status.phase`, `change-hash`, listener named by namespace@group@URL; here in the middle of an
+    /// `immediate` template change (two runner sets).
+    V0_14_2,
+    /// ARC's master (the 0.15 line): one runner set named like the scale set, its own finalizer, integrity hashes.
+    Master,
+}
+
+impl Line {
+    fn version_label(self) -> &'static str {
+        match self {
+            Self::V0_12 => "0.12.1",
+            Self::V0_13_0 => "0.13.0",
+            // master's charts still say 0.14.2.
+            Self::V0_14_2 | Self::Master => "0.14.2",
+        }
+    }
+
+    /// ARC's finalizer on its runner sets.
+    fn runner_set_finalizer(self) -> &'static str {
+        match self {
+            Self::Master => EPHEMERAL_RUNNER_SET_FINALIZER,
+            _ => EPHEMERAL_RUNNER_FINALIZER,
+        }
+    }
+
+    /// The hash annotation ARC puts on runner sets, listeners and (inherited) runners.
+    fn hash_annotation(self) -> &'static str {
+        match self {
+            Self::Master => "actions.github.com/integrity-hash",
+            _ => "actions.github.com/runner-spec-hash",
+        }
+    }
+}
+
+/// One runner of a fixture.
+struct FixtureRunner {
+    name: String,
+    /// The job it runs (request id), if busy.
+    job: Option<i64>,
+    runner_id: i64,
+    finished: bool,
+}
+
+struct Fixture {
+    env: Env,
+    ars: AutoscalingRunnerSet,
+    /// ARC's runner sets, oldest first.
+    runner_sets: Vec<String>,
+    runners: Vec<FixtureRunner>,
+    listener: String,
+}
+
+const ARS: &str = "arc";
+
+fn owner(kind: &str, name: &str, uid: &str) -> Value {
+    json!([{
+        "apiVersion": "actions.github.com/v1alpha1",
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": true,
+        "blockOwnerDeletion": true,
+    }])
+}
+
+fn scale_set_labels() -> Value {
+    json!({
+        "app.kubernetes.io/part-of": "gha-runner-scale-set",
+        "actions.github.com/scale-set-name": ARS,
+    })
+}
+
+fn runner_template() -> Value {
+    json!({"spec": {"containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:latest"}],
+                    "restartPolicy": "Never"}})
+}
+
+async fn create<K>(api: &Api<K>, body: Value) -> K
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(body).expect("fixture object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create a fixture object")
+}
+
+async fn put_status<K>(api: &Api<K>, name: &str, status: Value)
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .expect("write a fixture status");
+}
+
+/// Places, before the manager starts, what `line` leaves for a scale set with one busy and one idle runner (and,
+/// for 0.12, a finished one; for 0.14.2, the busy runner in the older of two runner sets), ARC's listener with its
+/// pod, and the fake's registrations and job.
+async fn fixture(line: Line, prefix: &str) -> Fixture {
+    let env = Env::new(prefix).await;
+    let ns = env.ctx.namespace.clone();
+    let ars_api: Api<AutoscalingRunnerSet> = env.ctx.api();
+    let mut ars_annotations = json!({
+        "runner-scale-set-id": env.scale_set_id.to_string(),
+        "actions.github.com/runner-scale-set-name": format!("set-{prefix}"),
+        "actions.github.com/runner-group-name": "Default",
+        "actions.github.com/values-hash": "0f3c9e",
+    });
+    if line == Line::V0_14_2 {
+        ars_annotations["actions.github.com/change-hash"] = json!("5c7d8b9f");
+    }
+    let ars = create(
+        &ars_api,
+        json!({
+            "apiVersion": "actions.github.com/v1alpha1", "kind": "AutoscalingRunnerSet",
+            "metadata": {
+                "name": ARS,
+                "labels": {
+                    "app.kubernetes.io/version": line.version_label(),
+                    "app.kubernetes.io/part-of": "gha-rs",
+                    "app.kubernetes.io/component": "autoscaling-runner-set",
+                    "actions.github.com/scale-set-name": ARS,
+                    "actions.github.com/scale-set-namespace": ns,
+                },
+                "annotations": ars_annotations,
+                "finalizers": [AUTOSCALING_RUNNER_SET_FINALIZER],
+            },
+            "spec": {
+                "githubConfigUrl": env.config_url, "githubConfigSecret": CREDENTIALS,
+                "runnerScaleSetName": format!("set-{prefix}"),
+                "maxRunners": 10, "minRunners": 0,
+                "template": runner_template(),
+            },
+        }),
+    )
+    .await;
+    let ars_uid = ars.uid().expect("uid");
+    if line != Line::V0_12 && line != Line::V0_13_0 {
+        put_status(
+            &ars_api,
+            ARS,
+            json!({"currentRunners": 2, "phase": "Running"}),
+        )
+        .await;
+    }
+
+    let runner_set_names: Vec<String> = match line {
+        Line::Master => vec![ARS.to_owned()],
+        Line::V0_14_2 => vec![format!("{ARS}-b7x2q"), format!("{ARS}-m4k9z")],
+        _ => vec![format!("{ARS}-x7k2p")],
+    };
+    let sets: Api<EphemeralRunnerSet> = env.ctx.api();
+    for (i, name) in runner_set_names.iter().enumerate() {
+        create(
+            &sets,
+            json!({
+                "apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunnerSet",
+                "metadata": {
+                    "name": name,
+                    "labels": scale_set_labels(),
+                    "annotations": {
+                        line.hash_annotation(): format!("h{i}"),
+                        "actions.github.com/runner-scale-set-name": format!("set-{prefix}"),
+                    },
+                    "ownerReferences": owner("AutoscalingRunnerSet", ARS, &ars_uid),
+                    "finalizers": [line.runner_set_finalizer()],
+                },
+                "spec": {
+                    // As ARC's listener last patched it.
+                    "replicas": 2, "patchID": 41,
+                    "ephemeralRunnerSpec": {
+                        "githubConfigUrl": env.config_url, "githubConfigSecret": CREDENTIALS,
+                        "runnerScaleSetId": env.scale_set_id,
+                        "spec": runner_template()["spec"],
+                    },
+                },
+            }),
+        )
+        .await;
+        let mut status = json!({"currentReplicas": 1, "pendingEphemeralRunners": 0, "runningEphemeralRunners": 1,
+                                "failedEphemeralRunners": 0});
+        if matches!(line, Line::V0_14_2 | Line::Master) {
+            status["phase"] = json!("Running");
+        }
+        put_status(&sets, name, status).await;
+    }
+
+    // The busy runner in the oldest set, the idle one in the newest; 0.12 also keeps a finished one.
+    let oldest = runner_set_names[0].clone();
+    let newest = runner_set_names.last().expect("a set").clone();
+    let mut plan = vec![
+        (
+            format!("{oldest}-runner-busy1"),
+            oldest.clone(),
+            true,
+            false,
+        ),
+        (
+            format!("{newest}-runner-idle1"),
+            newest.clone(),
+            false,
+            false,
+        ),
+    ];
+    if line == Line::V0_12 {
+        plan.push((
+            format!("{oldest}-runner-done1"),
+            oldest.clone(),
+            false,
+            true,
+        ));
+    }
+    let runners_api: Api<EphemeralRunner> = env.ctx.api();
+    let pods: Api<Pod> = env.ctx.api();
+    let secrets: Api<Secret> = env.ctx.api();
+    let mut runners = Vec::new();
+    for (name, set, busy, finished) in plan {
+        let set: String = set;
+        let set_uid = sets
+            .get(&set)
+            .await
+            .expect("runner set")
+            .uid()
+            .expect("uid");
+        let config = env
+            .actions
+            .generate_jit_runner_config(
+                env.scale_set_id,
+                &JitSetting {
+                    name: name.clone(),
+                    work_folder: String::new(),
+                },
+            )
+            .await
+            .expect("register the runner as ARC did");
+        let runner_id = config.runner.as_ref().expect("runner").id;
+        let token = config.encoded_jit_config.expose_secret().to_owned();
+        let mut annotations = json!({
+            line.hash_annotation(): "h0",
+            "actions.github.com/patch-id": "41",
+            "actions.github.com/runner-scale-set-name": format!("set-{prefix}"),
+            "actions.github.com/runner-group-name": "Default",
+        });
+        if line == Line::Master {
+            annotations["actions.github.com/integrity-hash"] = json!("arc-master-hash");
+        }
+        let runner = create(
+            &runners_api,
+            json!({
+                "apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunner",
+                "metadata": {
+                    "name": name,
+                    "labels": {"app.kubernetes.io/component": "runner", "actions.github.com/scale-set-name": ARS},
+                    "annotations": annotations,
+                    "ownerReferences": owner("EphemeralRunnerSet", &set, &set_uid),
+                    "finalizers": [EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER],
+                },
+                "spec": {
+                    "githubConfigUrl": env.config_url, "githubConfigSecret": CREDENTIALS,
+                    "runnerScaleSetId": env.scale_set_id,
+                    "spec": runner_template()["spec"],
+                },
+            }),
+        )
+        .await;
+        let runner_uid = runner.uid().expect("uid");
+        let mut secret_data = json!({"jitToken": token});
+        if line != Line::V0_12 {
+            secret_data["runnerName"] = json!(name);
+            secret_data["runnerId"] = json!(runner_id.to_string());
+            secret_data["scaleSetId"] = json!(env.scale_set_id.to_string());
+        }
+        create::<Secret>(
+            &secrets,
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name, "ownerReferences": owner("EphemeralRunner", &name, &runner_uid)},
+                "stringData": secret_data,
+            }),
+        )
+        .await;
+        let mut job = None;
+        if finished {
+            // Its runner exited 0 after its job and removed itself from the service; ARC 0.12 keeps the object.
+            env.actions
+                .remove_runner(runner_id)
+                .await
+                .expect("the runner left");
+            put_status(
+                &runners_api,
+                &name,
+                json!({"phase": "Succeeded", "ready": false, "runnerId": runner_id, "runnerName": name,
+                       "runnerJITConfig": token}),
+            )
+            .await;
+        } else {
+            let owner_ref = owner("EphemeralRunner", &name, &runner_uid);
+            create::<Pod>(
+                &pods,
+                json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "labels": {"actions-ephemeral-runner": "True"},
+                                 "ownerReferences": owner_ref},
+                    "spec": runner_template()["spec"],
+                }),
+            )
+            .await;
+            env.run_pod(&name).await;
+            let mut status = json!({"phase": "Running", "ready": true, "runnerId": runner_id, "runnerName": name});
+            if line == Line::V0_12 {
+                status["runnerJITConfig"] = json!(token);
+            }
+            if busy {
+                let request = env.assign_job(runner_id).await;
+                env.fake.state().start_job(request).expect("start the job");
+                status["jobRequestId"] = json!(request);
+                status["jobRepositoryName"] = json!("org/repo");
+                status["workflowRunId"] = json!(9001);
+                if line != Line::V0_12 {
+                    status["jobId"] = json!(format!("job-{request}"));
+                }
+                job = Some(request);
+            }
+            put_status(&runners_api, &name, status).await;
+        }
+        runners.push(FixtureRunner {
+            name,
+            job,
+            runner_id,
+            finished,
+        });
+    }
+
+    // ARC's listener, still there (and, as far as anything can tell, still polling) when the manager starts.
+    let listener = match line {
+        Line::V0_12 | Line::V0_13_0 => format!("{ARS}-{}-listener", crds::names::hash8(&ns)),
+        _ => crds::names::listener_name(ARS, &ns, "", &env.config_url),
+    };
+    let listeners: Api<AutoscalingListener> = env.ctx.api();
+    let al = create(
+        &listeners,
+        json!({
+            "apiVersion": "actions.github.com/v1alpha1", "kind": "AutoscalingListener",
+            "metadata": {
+                "name": listener,
+                "labels": {
+                    "app.kubernetes.io/component": "runner-scale-set-listener",
+                    "actions.github.com/scale-set-name": ARS,
+                    "actions.github.com/scale-set-namespace": ns,
+                },
+                "annotations": {line.hash_annotation(): "l0"},
+                "finalizers": [AUTOSCALING_LISTENER_FINALIZER],
+            },
+            "spec": {
+                "githubConfigUrl": env.config_url, "githubConfigSecret": CREDENTIALS,
+                "runnerScaleSetId": env.scale_set_id,
+                "autoscalingRunnerSetNamespace": ns, "autoscalingRunnerSetName": ARS,
+                "ephemeralRunnerSetName": newest, "maxRunners": 10,
+                "image": "ghcr.io/actions/gha-runner-scale-set-controller:0.14.2",
+            },
+        }),
+    )
+    .await;
+    create::<Pod>(
+        &pods,
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": listener, "labels": {"app.kubernetes.io/component": "runner-scale-set-listener"},
+                         "ownerReferences": owner("AutoscalingListener", &listener, &al.uid().expect("uid"))},
+            "spec": {"containers": [{"name": "listener", "image": "ghcr.io/actions/gha-runner-scale-set-controller:0.14.2"}],
+                     "restartPolicy": "Never"},
+        }),
+    )
+    .await;
+    Fixture {
+        env,
+        ars,
+        runner_sets: runner_set_names,
+        runners,
+        listener,
+    }
+}
+
+async fn runner_names(env: &Env) -> BTreeSet<String> {
+    env.runners_api()
+        .list(&ListParams::default())
+        .await
+        .expect("list runners")
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect()
+}
+
+async fn take_over(line: Line, prefix: &str) {
+    let fixture = fixture(line, prefix).await;
+    let env = &fixture.env;
+    let mut options = env.options();
+    options.listener.namespace = Some(env.ctx.namespace.clone());
+    options.listener.image = "ghcr.io/example/arc-rs:test".to_owned();
+    options.build_version = "0.1.0".to_owned();
+    let busy = fixture
+        .runners
+        .iter()
+        .find(|runner| runner.job.is_some())
+        .expect("a busy runner");
+    let pods: Api<Pod> = env.ctx.api();
+    let busy_pod = pods.get(&busy.name).await.expect("busy pod").uid();
+    let before = runner_names(env).await;
+    let manager = env.start(options);
+
+    // ARC's listener, polling until its pod goes, asks its runner set for more runners. (Master's one runner set is
+    // the scale set's own: a patch of it is demand like any other, served.)
+    for set in fixture.runner_sets.iter().filter(|set| *set != ARS) {
+        env.sets()
+            .patch(
+                set,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 6, "patchID": 42}})),
+            )
+            .await
+            .expect("ARC's listener patch");
+    }
+
+    let listeners: Api<AutoscalingListener> = env.ctx.api();
+    let ours = env
+        .eventually("ARC's listener replaced by the set's own", || async {
+            let all = listeners.list(&ListParams::default()).await.ok()?.items;
+            let arc_gone = !all.iter().any(|l| {
+                l.name_any() == fixture.listener && l.spec.ephemeral_runner_set_name != ARS
+            });
+            let ours = all
+                .into_iter()
+                .find(|l| l.spec.ephemeral_runner_set_name == ARS)?;
+            arc_gone.then_some(ours)
+        })
+        .await;
+    assert_eq!(
+        ours.spec.runner_scale_set_id, env.scale_set_id,
+        "the scale set is kept"
+    );
+    env.eventually(
+        "one runner set, the scale set's own, with the busy runner",
+        || async {
+            let sets = env.sets().list(&ListParams::default()).await.ok()?.items;
+            let names: Vec<String> = sets.iter().map(ResourceExt::name_any).collect();
+            let runner = env.runners_api().get_opt(&busy.name).await.ok()??;
+            let moved = runner
+                .owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && o.name == ARS);
+            (names == [ARS] && moved).then_some(())
+        },
+    )
+    .await;
+    // Idle and finished runners were deregistered and deleted; the busy one runs its job in the same pod.
+    for runner in fixture.runners.iter().filter(|r| r.job.is_none()) {
+        env.wait_runner_gone(&format!("{} gone", runner.name), &runner.name)
+            .await;
+        if !runner.finished {
+            assert!(
+                env.fake.state().runner(runner.runner_id).is_err(),
+                "{}: its registration was removed",
+                runner.name
+            );
+        }
+    }
+    assert_eq!(
+        pods.get(&busy.name).await.expect("busy pod").uid(),
+        busy_pod,
+        "the busy runner's pod was left alone"
+    );
+    let job = busy.job.expect("job");
+    assert!(
+        env.fake.state().job(job).expect("job").runner_id == Some(busy.runner_id),
+        "the job still runs on its runner"
+    );
+    // No runner set was scaled for ARC's listener's last patch: every runner is one of the fixture's. (Master's
+    // runner set is the scale set's own and keeps the `replicas` ARC's listener gave it: its idle runner's
+    // replacement is made there.)
+    if line != Line::Master {
+        let now = runner_names(env).await;
+        assert!(
+            now.is_subset(&before),
+            "runners made during the take-over: {now:?} (before: {before:?})"
+        );
+    }
+    let ars: AutoscalingRunnerSet = env
+        .ctx
+        .api::<AutoscalingRunnerSet>()
+        .get(ARS)
+        .await
+        .expect("ars");
+    assert_eq!(
+        ars.annotations().get("runner-scale-set-id"),
+        Some(&env.scale_set_id.to_string()),
+        "the scale set's id is kept"
+    );
+    if line != Line::Master {
+        let events = env_events(env, "TakingOver").await;
+        assert!(
+            events.iter().any(|note| note.contains("1 with a job")),
+            "an Event says what is taken over: {events:?}"
+        );
+    }
+
+    // The job ends: the runner exits 0 and goes, with its registration.
+    env.fake
+        .state()
+        .finish_job(job, "succeeded")
+        .expect("finish the job");
+    env.end_pod(&busy.name, "Succeeded", Some(0), None).await;
+    env.wait_runner_gone("the busy runner gone after its job", &busy.name)
+        .await;
+    assert!(
+        env.fake.state().runner(busy.runner_id).is_err(),
+        "its registration was removed"
+    );
+    let registered = env.registered();
+    let existing = runner_names(env).await;
+    assert!(
+        registered.is_subset(&existing),
+        "registrations left for runners that are gone: {registered:?} (runners: {existing:?})"
+    );
+
+    // Uninstalling afterwards leaves nothing.
+    env.ctx
+        .api::<AutoscalingRunnerSet>()
+        .delete(ARS, &DeleteParams::default())
+        .await
+        .expect("delete the set");
+    env.eventually("the set and everything of it gone", || async {
+        let ars = env
+            .ctx
+            .api::<AutoscalingRunnerSet>()
+            .get_opt(ARS)
+            .await
+            .ok()?;
+        let sets = env.sets().list(&ListParams::default()).await.ok()?.items;
+        let listeners = listeners.list(&ListParams::default()).await.ok()?.items;
+        (ars.is_none() && sets.is_empty() && listeners.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        env.registered().is_empty(),
+        "registrations left after the uninstall: {:?}",
+        env.registered()
+    );
+    let _ = &fixture.ars;
+    manager.stop().await;
+}
+
+/// The notes of the Events with `reason` in the test namespace.
+async fn env_events(env: &Env, reason: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.ctx.api();
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(reason))
+        .filter_map(|event| event.note)
+        .collect()
+}
+
+#[tokio::test]
+async fn what_arc_0_12_left_is_taken_over_without_losing_a_job() {
+    take_over(Line::V0_12, "to-012").await;
+}
+
+#[tokio::test]
+async fn what_arc_0_13_left_is_taken_over_without_losing_a_job() {
+    take_over(Line::V0_13_0, "to-013").await;
+}
+
+#[tokio::test]
+async fn what_arc_0_14_2_left_mid_template_change_is_taken_over_without_losing_a_job() {
+    take_over(Line::V0_14_2, "to-0142").await;
+}
+
+#[tokio::test]
+async fn what_arc_master_left_is_taken_over_without_losing_a_job() {
+    take_over(Line::Master, "to-master").await;
+}
