@@ -74,7 +74,6 @@ struct FixtureRunner {
 
 struct Fixture {
     env: Env,
-    ars: AutoscalingRunnerSet,
     /// ARC's runner sets, oldest first.
     runner_sets: Vec<String>,
     runners: Vec<FixtureRunner>,
@@ -255,7 +254,6 @@ async fn fixture(line: Line, prefix: &str) -> Fixture {
     let secrets: Api<Secret> = env.ctx.api();
     let mut runners = Vec::new();
     for (name, set, busy, finished) in plan {
-        let set: String = set;
         let set_uid = sets
             .get(&set)
             .await
@@ -414,7 +412,6 @@ async fn fixture(line: Line, prefix: &str) -> Fixture {
     .await;
     Fixture {
         env,
-        ars,
         runner_sets: runner_set_names,
         runners,
         listener,
@@ -537,7 +534,7 @@ async fn take_over(line: Line, prefix: &str) {
         "the scale set's id is kept"
     );
     if line != Line::Master {
-        let events = env_events(env, "TakingOver").await;
+        let events = env.event_notes("TakingOver").await;
         assert!(
             events.iter().any(|note| note.contains("1 with a job")),
             "an Event says what is taken over: {events:?}"
@@ -586,22 +583,7 @@ async fn take_over(line: Line, prefix: &str) {
         "registrations left after the uninstall: {:?}",
         env.registered()
     );
-    let _ = &fixture.ars;
     manager.stop().await;
-}
-
-/// The notes of the Events with `reason` in the test namespace.
-async fn env_events(env: &Env, reason: &str) -> Vec<String> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.ctx.api();
-    events
-        .list(&ListParams::default())
-        .await
-        .expect("list events")
-        .items
-        .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(reason))
-        .filter_map(|event| event.note)
-        .collect()
 }
 
 #[tokio::test]

@@ -10,9 +10,6 @@ pub const UNKNOWN_BUILD_VERSION: &str = "NA";
 /// (docs/versioning.md).
 pub const ARC_COMPATIBLE_VERSIONS: [&str; 4] = ["0.12", "0.13", "0.14", "0.15"];
 
-/// [`ARC_COMPATIBLE_VERSIONS`] as people read it.
-pub const ARC_COMPATIBLE_RANGE: &str = "0.12 to 0.15";
-
 /// Whether this controller (built as `build_version`) takes care of a set labelled `resource_version`: one of its
 /// own version ([`is_version_allowed`]), one of its previous minor (a set whose scale-set chart is upgraded after
 /// the controller's, as a platform team upgrades: the controller first, then each scale set), or one of the ARC

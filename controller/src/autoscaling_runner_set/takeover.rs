@@ -52,7 +52,7 @@ impl TakeOver {
 
 /// Whether `runner_set` is one of `owner`'s superseded runner sets ([`EphemeralRunnerSet::is_superseded`]):
 /// controlled by `owner` (its uid, or its name when the reference carries no uid).
-fn superseded_of(owner: &AutoscalingRunnerSet, runner_set: &EphemeralRunnerSet) -> bool {
+pub fn superseded_of(owner: &AutoscalingRunnerSet, runner_set: &EphemeralRunnerSet) -> bool {
     let uid = owner.uid().unwrap_or_default();
     runner_set.is_superseded()
         && runner_set.owner_references().iter().any(|reference| {

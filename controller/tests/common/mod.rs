@@ -456,6 +456,20 @@ impl Env {
             .expect("report the job");
     }
 
+    /// The notes of the Events (events.k8s.io) with `reason` in the test namespace.
+    pub async fn event_notes(&self, reason: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> = self.ctx.api();
+        events
+            .list(&ListParams::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|event| event.reason.as_deref() == Some(reason))
+            .filter_map(|event| event.note)
+            .collect()
+    }
+
     /// Runner pods, by name, with their uids.
     pub async fn pod_uids(&self) -> Vec<(String, String)> {
         self.pods()

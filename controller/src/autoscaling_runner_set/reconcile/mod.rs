@@ -34,7 +34,7 @@ use std::time::Duration;
 use crds::constants::{
     AUTOSCALING_RUNNER_SET_FINALIZER, INTEGRITY_HASH_ANNOTATION, VERSION_LABEL, phase,
 };
-use crds::version::{ARC_COMPATIBLE_RANGE, is_version_accepted};
+use crds::version::{ARC_COMPATIBLE_VERSIONS, is_version_accepted};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunnerSet};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
@@ -253,9 +253,10 @@ impl<'a> Step<'a> {
     /// controller, or a controller upgraded one minor too far, must never cost a user their scale sets.
     async fn reject_version(&self, version: &str) -> Result<Action> {
         let build = &self.ctx.base.options.build_version;
+        let arc_lines = ARC_COMPATIBLE_VERSIONS.join(", ");
         let message = format!(
             "label app.kubernetes.io/version {version:?} is not compatible with controller version {build:?} (its \
-             own minor or the one before, or ARC {ARC_COMPATIBLE_RANGE}): nothing of this scale set is changed \
+             own minor or the one before, or ARC {arc_lines}): nothing of this scale set is changed \
              or deleted; install a scale-set chart of the controller's version, or a controller of the set's"
         );
         let already = self.runner_set.status.as_ref().is_some_and(|status| {

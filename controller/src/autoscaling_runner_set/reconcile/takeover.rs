@@ -21,20 +21,15 @@ use crate::kubeutil::controller_ref;
 impl Step<'_> {
     /// One pass of the take-over for the set whose own runner set is `own`; returns what it found.
     pub(super) async fn take_over(&self, own: &EphemeralRunnerSet) -> Result<TakeOver> {
-        let stores = &self.ctx.base.stores;
-        let in_namespace = |meta: &kube::api::ObjectMeta| {
-            meta.namespace.as_deref() == Some(self.namespace.as_str())
-        };
-        let runner_sets = stores
-            .runner_sets
-            .state_filter(|runner_set| in_namespace(runner_set.meta()));
-        let runners = stores
-            .runners
-            .state_filter(|runner| in_namespace(runner.meta()));
-        let plan = takeover::plan(self.runner_set, &runner_sets, &runners);
-        if plan.is_done() {
-            return Ok(plan);
+        let runner_sets = self.cached_superseded();
+        if runner_sets.is_empty() {
+            // Every pass of every set comes here: the runners are looked at only when there is something to take.
+            return Ok(TakeOver::default());
         }
+        let runners = self.ctx.base.stores.runners.state_filter(|runner| {
+            runner.metadata.namespace.as_deref() == Some(self.namespace.as_str())
+        });
+        let plan = takeover::plan(self.runner_set, &runner_sets, &runners);
         let api: Api<EphemeralRunner> =
             Api::namespaced(self.ctx.base.client.clone(), &self.namespace);
         if !plan.adopt.is_empty() {
@@ -172,19 +167,23 @@ impl Step<'_> {
 }
 
 impl Step<'_> {
+    /// This set's superseded runner sets, from the cache.
+    fn cached_superseded(&self) -> Vec<Arc<EphemeralRunnerSet>> {
+        self.ctx.base.stores.runner_sets.state_filter(|runner_set| {
+            runner_set.metadata.namespace.as_deref() == Some(self.namespace.as_str())
+                && takeover::superseded_of(self.runner_set, runner_set)
+        })
+    }
+
     /// The superseded runner sets of this set in the cache, with whether each is being deleted.
     pub(super) fn superseded_runner_sets(&self) -> Vec<(String, bool)> {
-        let runner_sets = self.ctx.base.stores.runner_sets.state_filter(|runner_set| {
-            runner_set.metadata.namespace.as_deref() == Some(self.namespace.as_str())
-        });
-        takeover::plan(self.runner_set, &runner_sets, &[] as &[EphemeralRunner])
-            .superseded
-            .into_iter()
-            .map(|name| {
-                let deleting = runner_sets.iter().any(|runner_set| {
-                    runner_set.name_any() == name && runner_set.meta().deletion_timestamp.is_some()
-                });
-                (name, deleting)
+        self.cached_superseded()
+            .iter()
+            .map(|runner_set| {
+                (
+                    runner_set.name_any(),
+                    runner_set.meta().deletion_timestamp.is_some(),
+                )
             })
             .collect()
     }

@@ -211,7 +211,17 @@ impl Step<'_> {
             self.record_identity(identity, &mut patch);
         }
         patch.explain(reason.to_owned(), message);
-        self.patch_status(&patch).await?;
+        self.settle(&patch, identity).await
+    }
+
+    /// Writes a terminal status (`Failed`, `Outdated`) and deregisters the runner: it keeps its place until the
+    /// set removes it, and nothing brings it back before.
+    pub(super) async fn settle(
+        &self,
+        patch: &StatusPatch,
+        identity: Option<&JitIdentity>,
+    ) -> Result<Action> {
+        self.patch_status(patch).await?;
         if let Some(identity) = identity {
             self.actions()
                 .await?

@@ -286,14 +286,7 @@ impl Step<'_> {
             reason::OUTDATED.to_owned(),
             "Runner is deprecated".to_owned(),
         );
-        self.patch_status(&patch).await?;
-        if let Some(identity) = identity {
-            self.actions()
-                .await?
-                .remove_runner(identity.runner_id)
-                .await?;
-        }
-        Ok(Action::await_change())
+        self.settle(&patch, identity).await
     }
 
     /// Waits for a deleted pod to go: its deletion event brings the runner back; so does its deadline, after which
