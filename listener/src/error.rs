@@ -240,8 +240,9 @@ impl Error {
 
     /// Whether the message session should be replaced before trying again: the service no longer accepts it
     /// (dropped, token refresh failed, credentials changed), or an acquire failed after the offers were
-    /// acknowledged (a new session makes the service offer the unacquired jobs again). Network-level failures keep
-    /// the session: it is still valid once the network is back.
+    /// acknowledged (the loop acquires those jobs again itself on the new session; a service that re-offers
+    /// unacquired jobs to a new session may offer them too, and acquiring twice is harmless). Network-level
+    /// failures keep the session: it is still valid once the network is back.
     pub fn needs_new_session(&self) -> bool {
         match self {
             Self::InvalidSession(_) | Self::AcquireJobs { .. } => true,

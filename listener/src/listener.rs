@@ -15,6 +15,8 @@
 //! * Scaling is never skipped: a failed replica patch is re-sent before the next poll, and the step after it
 //!   never asks the EphemeralRunnerSet to converge.
 //! * A failed EphemeralRunner status patch is retried before later polls instead of being dropped.
+//! * Jobs whose acquisition failed after their offer was acknowledged are acquired again before the next poll (on
+//!   a new session when the old one is replaced): recovery does not rest on the service offering them again.
 //!
 //! # Shutdown
 //! Cancelling the token aborts a long poll or a backoff wait, but a message already received is handled to the
@@ -173,6 +175,9 @@ pub struct MessageLoop<T> {
     latest: Statistics,
     rescale_pending: bool,
     pending_runner_patches: Vec<PendingRunnerPatch>,
+    /// Jobs offered in an acknowledged message whose acquisition failed: acquired again before the next poll, as
+    /// the service need not offer an acknowledged job again.
+    pending_acquire: Vec<i64>,
     transient_failures: u32,
     fatal_failures: u32,
     /// The next waits after transient errors, and after repeated errors that need a person; restarted when an
@@ -226,6 +231,7 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             latest: Statistics::default(),
             rescale_pending: false,
             pending_runner_patches: Vec::new(),
+            pending_acquire: Vec::new(),
             transient_failures: 0,
             fatal_failures: 0,
             transient_waits,
@@ -299,6 +305,13 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         } else if self.rescale_pending {
             let desired = self.scale(self.latest.total_assigned_jobs).await?;
             self.record_desired(desired);
+        }
+        if !self.pending_acquire.is_empty() {
+            let ids = std::mem::take(&mut self.pending_acquire);
+            if let Err(error) = self.acquire(&ids).await {
+                self.pending_acquire = ids;
+                return Err(error);
+            }
         }
         let Some(session) = self.session.take() else {
             return Ok(Flow::Continue);
@@ -445,7 +458,14 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
                 source,
             });
         }
-        let acquire_error = self.acquire(&message).await.err();
+        let offered: Vec<i64> = message
+            .available()
+            .map(|job| job.job.runner_request_id)
+            .collect();
+        let acquire_error = self.acquire(&offered).await.err();
+        if acquire_error.is_some() {
+            self.pending_acquire.extend(offered);
+        }
         let mut started = Vec::new();
         for job in message.started() {
             if let Some(m) = &self.metrics {
@@ -542,11 +562,9 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         }
     }
 
-    async fn acquire(&self, message: &RunnerScaleSetMessage) -> Result<()> {
-        let ids: Vec<i64> = message
-            .available()
-            .map(|job| job.job.runner_request_id)
-            .collect();
+    /// Acquires jobs `ids` (those offered with `JobAvailable`; github.com assigns jobs directly and offers none).
+    /// Ids the service does not hand over (taken, cancelled) are simply not acquired.
+    async fn acquire(&self, ids: &[i64]) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -554,14 +572,13 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             return Ok(());
         };
         tracing::info!(count = ids.len(), "acquiring jobs");
-        let acquired = retry_transient(&self.settings, "acquire jobs", || {
-            session.acquire_jobs(&ids)
-        })
-        .await
-        .map_err(|source| Error::AcquireJobs {
-            count: ids.len(),
-            source,
-        })?;
+        let acquired =
+            retry_transient(&self.settings, "acquire jobs", || session.acquire_jobs(ids))
+                .await
+                .map_err(|source| Error::AcquireJobs {
+                    count: ids.len(),
+                    source,
+                })?;
         tracing::info!(count = acquired.len(), "acquired jobs");
         Ok(())
     }

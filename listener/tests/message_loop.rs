@@ -13,7 +13,8 @@ use common::{
 };
 use crds::constants::COMPLETED_RUNNERS_ANNOTATION;
 use fake_actions_service::{
-    DropSessions, EnqueueJobs, ErrorFault, ExpireTokens, FakeActionsService, Faults, TokenKind,
+    DropSessions, EnqueueJobs, ErrorFault, ExpireTokens, FakeActionsService, Faults, JobDelivery,
+    TokenKind,
 };
 use listener::health::Health;
 use listener::metrics::{Metrics, ScaleSetIdentity};
@@ -435,6 +436,69 @@ async fn dropped_session_is_replaced_within_30s_with_production_backoff() {
     assert_eq!(sessions.len(), 1);
     assert_ne!(sessions[0].id, first, "a new session");
     assert!(running.fake.state().count("get_message") > polls_before);
+    running.assert_running();
+    running.stop().await;
+}
+
+/// github.com assigns jobs to the scale set directly: the loop scales on `JobAssigned` alone and acquires nothing.
+#[tokio::test]
+async fn jobs_assigned_directly_scale_the_set_without_an_acquire() {
+    let config = fake_actions_service::Config {
+        job_delivery: JobDelivery::Direct,
+        ..fake_config()
+    };
+    let running = Running::start_with(config, 0, 10, fast_settings(), |_, _| {}).await;
+    let reached = eventually(WAIT, || !running.target.set_patches().is_empty()).await;
+    assert!(reached);
+    running.enqueue(3);
+    running.wait_replicas(3, "three jobs assigned").await;
+    assert_eq!(
+        running.fake.state().count("acquire_jobs"),
+        0,
+        "nothing to acquire"
+    );
+    running.assert_running();
+    running.stop().await;
+}
+
+/// An acquisition that fails after its offer was acknowledged is made again by the listener itself: the service is
+/// not relied on to offer the job again (this fake, set so, never does).
+#[tokio::test]
+async fn a_failed_acquire_is_made_again_without_the_service_offering_the_job_again() {
+    let config = fake_actions_service::Config {
+        reoffer_to_new_sessions: false,
+        ..fake_config()
+    };
+    let running = Running::start_with(config, 0, 10, fast_settings(), |_, _| {}).await;
+    let reached = eventually(WAIT, || !running.target.set_patches().is_empty()).await;
+    assert!(reached);
+    running
+        .fake
+        .state()
+        .set_faults(Faults {
+            errors: vec![ErrorFault {
+                endpoint: Some("acquire_jobs".into()),
+                status: 500,
+                rate: 1.0,
+                count: None,
+                retry_after_secs: None,
+            }],
+            ..Faults::default()
+        })
+        .unwrap();
+    let jobs = running.enqueue(1);
+    let failed = eventually(WAIT, || {
+        running
+            .metrics
+            .encode(0.0)
+            .unwrap()
+            .contains(r#"operation="acquire_jobs"}"#)
+    })
+    .await;
+    assert!(failed, "the acquisition failed beyond its in-place retries");
+    running.fake.state().clear_faults();
+    running.wait_replicas(1, "the job acquired after all").await;
+    assert_eq!(running.fake.state().job(jobs[0]).unwrap().times_acquired, 1);
     running.assert_running();
     running.stop().await;
 }

@@ -53,7 +53,7 @@ use crds::constants::{
 };
 use crds::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use fake_actions_service::{
-    DropSessions, ErrorFault, ExpireTokens, Faults, JobState, LatencyFault, TokenKind,
+    DropSessions, ErrorFault, ExpireTokens, Faults, JobDelivery, JobState, LatencyFault, TokenKind,
 };
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -145,6 +145,8 @@ pub struct ChaosConfig {
     pub api_restart_after_jobs: Option<u32>,
     /// Seed of every random choice (intervals, kinds, faults).
     pub seed: u64,
+    /// How the fake hands jobs to the listener (GHES's acquire, or github.com's direct assignment).
+    pub job_delivery: JobDelivery,
     /// Run the real `manager` binary (SIGKILLed) instead of the in-process manager (its task aborted). The
     /// binary runs with production timings (error backoff up to 5 minutes, 30 s call deadline).
     pub manager_process: bool,
@@ -182,6 +184,7 @@ impl ChaosConfig {
             template_change_after_jobs: Some(40),
             api_restart_after_jobs: Some(75),
             seed: 42,
+            job_delivery: JobDelivery::Acquire,
             manager_process: false,
             recovery_timeout: Duration::from_secs(120),
             timeout: Duration::from_secs(600),
@@ -228,6 +231,7 @@ impl ChaosConfig {
                 admin_token_lifetime: self.token_lifetime,
                 message_queue_token_lifetime: self.token_lifetime,
                 seed: Some(self.seed),
+                job_delivery: self.job_delivery,
                 ..defaults.fake
             },
             tune: chaos_tune,
@@ -288,6 +292,8 @@ pub struct ChaosReport {
     /// The seed every random choice of the run came from: the same seed, the same disruptions in the same order
     /// (their timing still depends on the machine).
     pub seed: u64,
+    /// How the fake handed out jobs.
+    pub job_delivery: JobDelivery,
     pub jobs: u32,
     /// Jobs that completed.
     pub completed: usize,
@@ -367,7 +373,11 @@ impl ChaosReport {
     /// A readable summary.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "== chaos run (seed {}) ==", self.seed);
+        let _ = writeln!(
+            out,
+            "== chaos run (seed {}, jobs delivered by {:?}) ==",
+            self.seed, self.job_delivery
+        );
         let _ = writeln!(
             out,
             "jobs: {} enqueued, {} completed, {} completed exactly once, {} served twice",
@@ -717,6 +727,7 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
     };
     Ok(ChaosReport {
         seed: config.seed,
+        job_delivery: config.job_delivery,
         jobs: config.jobs,
         completed,
         completed_exactly_once,

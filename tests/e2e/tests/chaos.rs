@@ -4,11 +4,13 @@
 //! the runner template changes once, and kube-apiserver is restarted once. A test binary of its own: the restart
 //! disturbs everything sharing the control plane.
 //!
+//! It runs twice, once with GHES's job acquisition and once with github.com's direct assignment.
 //! `E2E_CHAOS_JOBS` overrides the number of jobs, `E2E_CHAOS_SEED` the seed of every random choice (42; the report
-//! prints it, so a failing run can be repeated), `E2E_CHAOS_VERBOSE=1` prints every disruption (with
+//! prints it, so a failing run can be repeated), `E2E_CHAOS_JOB_DELIVERY=acquire|direct` runs one mode only, `E2E_CHAOS_VERBOSE=1` prints every disruption (with
 //! `--nocapture`); the long form is `cargo run --release -p e2e --bin chaos`.
 
 use e2e::chaos::{self, ChaosConfig};
+use fake_actions_service::JobDelivery;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chaos_loses_no_job_and_every_process_recovers_by_itself() {
@@ -30,7 +32,27 @@ async fn chaos_loses_no_job_and_every_process_recovers_by_itself() {
     if std::env::var_os("E2E_CHAOS_VERBOSE").is_some() {
         config.progress = Some(std::time::Duration::from_secs(10));
     }
-    let report = match chaos::run_in_new_world("e2e-chaos", &config).await {
+    // GHES's acquire flow and github.com's direct assignment, one run after the other (two runs at once would
+    // share the machine's two cores); `E2E_CHAOS_JOB_DELIVERY=acquire|direct` runs one.
+    let deliveries = match std::env::var("E2E_CHAOS_JOB_DELIVERY").as_deref() {
+        Ok("acquire") => vec![JobDelivery::Acquire],
+        Ok("direct") => vec![JobDelivery::Direct],
+        Ok(other) => panic!("E2E_CHAOS_JOB_DELIVERY={other}: expected acquire or direct"),
+        Err(_) => vec![JobDelivery::Acquire, JobDelivery::Direct],
+    };
+    for delivery in deliveries {
+        config.job_delivery = delivery;
+        run_and_check(&config).await;
+    }
+}
+
+/// One chaos run with `config`, and what it must show.
+async fn run_and_check(config: &ChaosConfig) {
+    let prefix = match config.job_delivery {
+        JobDelivery::Acquire => "e2e-chaos",
+        JobDelivery::Direct => "e2e-chaos-direct",
+    };
+    let report = match chaos::run_in_new_world(prefix, config).await {
         Ok(report) => report,
         Err(error) => panic!("the chaos run could not be carried out: {error}"),
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use e2e::checks;
 use e2e::simulator::{PodStage, SimulatorConfig};
 use e2e::world::{World, WorldConfig};
-use fake_actions_service::{ErrorFault, Faults, JobState, LatencyFault};
+use fake_actions_service::{ErrorFault, Faults, JobDelivery, JobState, LatencyFault};
 use serde_json::json;
 
 /// Jobs in the burst suite. 200 fits the CI budget on two cores; `E2E_BURST_JOBS` overrides it.
@@ -57,6 +57,30 @@ async fn a_burst_of_jobs_completes_and_the_set_returns_to_min_runners() {
     .await;
     let jobs = burst_jobs();
     world.enqueue(jobs).expect("enqueue");
+    verify(world, 0, &[]).await;
+}
+
+/// github.com assigns jobs to the scale set directly (`JobAssigned`, no `JobAvailable`, nothing to acquire): the
+/// listener scales on those messages alone and every job runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_jobs_assigned_directly_as_on_github_com_completes() {
+    let defaults = WorldConfig::default();
+    let world = world(
+        "e2e-direct",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(2),
+                ..SimulatorConfig::default()
+            },
+            fake: fake_actions_service::Config {
+                job_delivery: JobDelivery::Direct,
+                ..defaults.fake
+            },
+            ..defaults
+        },
+    )
+    .await;
+    world.enqueue(burst_jobs() / 2).expect("enqueue");
     verify(world, 0, &[]).await;
 }
 

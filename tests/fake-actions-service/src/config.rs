@@ -48,6 +48,24 @@ pub struct Config {
     pub byte_order_mark: bool,
     /// Seed for ids and tokens; `None` seeds from the clock. Fault decisions use their own seed.
     pub seed: Option<u64>,
+    /// How jobs reach a scale set's listener.
+    pub job_delivery: JobDelivery,
+    /// A new session is offered the jobs still available whose offers were acknowledged but never acquired. The
+    /// real service is not known to do so; a listener must recover from a failed acquire either way.
+    pub reoffer_to_new_sessions: bool,
+}
+
+/// How the service hands a scale set its jobs (docs/reference/actions-service-protocol.md, "Job delivery").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobDelivery {
+    /// GitHub Enterprise Server: each job is offered with `JobAvailable` and is the scale set's once its listener
+    /// acquires it (`JobAssigned` follows).
+    #[default]
+    Acquire,
+    /// github.com: each job arrives assigned to the scale set (`JobAssigned`, no offer); acquiring it is unneeded
+    /// and acquires nothing.
+    Direct,
 }
 
 impl Default for Config {
@@ -67,6 +85,8 @@ impl Default for Config {
             auto_complete_after: None,
             runner_lost_timeout: None,
             max_job_messages_per_message: 50,
+            job_delivery: JobDelivery::Acquire,
+            reoffer_to_new_sessions: true,
             byte_order_mark: false,
             seed: None,
         }

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-pub use config::{Config, GitHubApp, StrictAuth};
+pub use config::{Config, GitHubApp, JobDelivery, StrictAuth};
 pub use control::{
     AddRunnerGroup, Counters, DropSessions, EnqueueJobs, ExpireTokens, FinishJob, JobState,
     JobView, RunnerGroupView, RunnerSelector, RunnerView, ScaleSetView, SessionView, StateSnapshot,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use fake_actions_service::{Config, FakeActionsService, GitHubApp, StrictAuth};
+use fake_actions_service::{Config, FakeActionsService, GitHubApp, JobDelivery, StrictAuth};
 
 /// A stateful fake of GitHub's Actions Service (runner scale-set protocol).
 #[derive(Debug, Parser)]
@@ -65,6 +65,9 @@ struct Args {
     /// Seed for ids and tokens.
     #[arg(long)]
     seed: Option<u64>,
+    /// How jobs reach a listener: `acquire` (GHES: offered, then acquired) or `direct` (github.com: assigned).
+    #[arg(long, value_enum, default_value_t = JobDelivery::Acquire)]
+    job_delivery: JobDelivery,
 }
 
 impl Args {
@@ -100,6 +103,7 @@ impl Args {
             runner_lost_timeout: self.runner_lost_timeout_ms.map(Duration::from_millis),
             byte_order_mark: self.byte_order_mark,
             seed: self.seed,
+            job_delivery: self.job_delivery,
             ..Config::default()
         })
     }

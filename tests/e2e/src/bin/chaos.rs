@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use e2e::chaos::{self, ChaosConfig};
+use fake_actions_service::JobDelivery;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -70,6 +71,9 @@ struct Args {
     /// Seed of every random choice.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// How the fake hands out jobs: `acquire` (GHES) or `direct` (github.com).
+    #[arg(long, value_enum, default_value_t = JobDelivery::Acquire)]
+    job_delivery: JobDelivery,
     /// Run the real `manager` binary (SIGKILLed) instead of the in-process manager, with production timings.
     #[arg(long)]
     manager_process: bool,
@@ -127,6 +131,7 @@ impl Args {
                 None => Some(self.jobs / 2),
             },
             seed: self.seed,
+            job_delivery: self.job_delivery,
             manager_process: self.manager_process,
             timeout: Duration::from_secs(self.timeout_secs),
             progress: (!self.quiet).then_some(Duration::from_secs(30)),

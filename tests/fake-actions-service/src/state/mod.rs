@@ -12,7 +12,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::json;
 
 use crate::auth::{self, AppKey};
-use crate::config::Config;
+use crate::config::{Config, JobDelivery};
 use crate::control::{
     Counters, DropSessions, EnqueueJobs, ExpireTokens, JobState, JobView, RunnerGroupView,
     RunnerSelector, RunnerView, ScaleSetView, SessionView, StateSnapshot, TenantView, TokenKind,
@@ -91,6 +91,8 @@ struct Settings {
     auto_complete_after: Option<i64>,
     runner_lost_timeout: Option<i64>,
     max_job_messages: usize,
+    job_delivery: JobDelivery,
+    reoffer_to_new_sessions: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -263,6 +265,8 @@ impl State {
                 auto_complete_after: config.auto_complete_after.map(millis),
                 runner_lost_timeout: config.runner_lost_timeout.map(millis),
                 max_job_messages: config.max_job_messages_per_message.max(1),
+                job_delivery: config.job_delivery,
+                reoffer_to_new_sessions: config.reoffer_to_new_sessions,
             },
             clock,
             rng,
@@ -774,7 +778,7 @@ impl State {
                 job.scale_set = Some(id);
                 job.state = JobState::Available;
             }
-            self.emit(job_id, JOB_AVAILABLE);
+            self.offer(job_id);
         }
         self.scale_set(tenant, id)
     }
@@ -1120,6 +1124,7 @@ impl State {
         let unoffered: Vec<i64> = self
             .jobs
             .values()
+            .filter(|_| self.settings.reoffer_to_new_sessions)
             .filter(|job| {
                 job.scale_set == Some(scale_set)
                     && job.state == JobState::Available
@@ -1427,6 +1432,27 @@ impl State {
         }
     }
 
+    /// Hands a job that is its scale set's to take to the scale set's listener: offered (`JobAvailable`, to be
+    /// acquired), or, when the service assigns jobs directly (github.com), assigned to the scale set at once
+    /// (`JobAssigned`) and given to an idle online runner if there is one.
+    fn offer(&mut self, job_id: i64) {
+        if self.settings.job_delivery == JobDelivery::Acquire {
+            self.emit(job_id, JOB_AVAILABLE);
+            return;
+        }
+        let now = self.now_ms();
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        let Some(scale_set) = job.scale_set else {
+            return;
+        };
+        job.state = JobState::Acquired;
+        job.scale_set_assign_ms = Some(now);
+        self.emit(job_id, JOB_ASSIGNED);
+        self.dispatch(scale_set);
+    }
+
     /// Queue a job message of `kind` for the job's scale set.
     fn emit(&mut self, job_id: i64, kind: &str) {
         let Some(job) = self.jobs.get(&job_id) else {
@@ -1539,7 +1565,8 @@ impl State {
         }
     }
 
-    /// Enqueue jobs (one workflow run) for a scale set; each is offered with `JobAvailable`.
+    /// Enqueue jobs (one workflow run) for a scale set; each is offered with `JobAvailable`, or assigned at once when
+    /// the service assigns directly ([`JobDelivery::Direct`]).
     pub fn enqueue_jobs(&mut self, request: &EnqueueJobs) -> Result<Vec<i64>, Rejection> {
         if request.count > MAX_JOBS_PER_ENQUEUE {
             return Err(Rejection::new(
@@ -1615,7 +1642,7 @@ impl State {
                 times_requeued: 0,
             };
             self.jobs.insert(request_id, job);
-            self.emit(request_id, JOB_AVAILABLE);
+            self.offer(request_id);
             ids.push(request_id);
         }
         Ok(ids)
@@ -1744,7 +1771,7 @@ impl State {
         job.scale_set_assign_ms = None;
         job.runner_assign_ms = None;
         job.times_requeued += 1;
-        self.emit(id, JOB_AVAILABLE);
+        self.offer(id);
         if let Some(scale_set) = scale_set {
             self.dispatch(scale_set);
         }

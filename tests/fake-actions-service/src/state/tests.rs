@@ -182,6 +182,57 @@ fn full_job_lifecycle_emits_messages_in_order_with_statistics() {
 }
 
 #[test]
+fn direct_delivery_assigns_jobs_without_an_offer_and_acquiring_takes_nothing() {
+    let mut state = state_with(Config {
+        job_delivery: JobDelivery::Direct,
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set);
+    let job = enqueue(&mut state, set, 1)[0];
+
+    let (id1, body, stats) = poll(&mut state, &sess.session_id, 0).unwrap();
+    assert_eq!(kinds(&body), vec!["JobAssigned"], "no JobAvailable first");
+    assert_eq!(body[0].acquire_job_url, None);
+    assert_ne!(body[0].scale_set_assign_time, ZERO_TIME);
+    assert_eq!(
+        (
+            stats.total_available_jobs,
+            stats.total_acquired_jobs,
+            stats.total_assigned_jobs
+        ),
+        (0, 1, 1)
+    );
+    state.ack_message(&sess.session_id, id1).unwrap();
+    assert_eq!(
+        state
+            .acquire_jobs(tenant, set, &sess.session_id, &[job])
+            .unwrap(),
+        Vec::<i64>::new(),
+        "nothing is left to acquire"
+    );
+    assert!(
+        state.acquirable_jobs(tenant, set).unwrap().is_empty(),
+        "nothing is offered"
+    );
+
+    let runner = jit(&mut state, tenant, set, "runner-1");
+    state
+        .mark_runner_online(&RunnerSelector {
+            jit_config: Some(runner.encoded_jit_config.clone()),
+            ..RunnerSelector::default()
+        })
+        .unwrap();
+    assert_eq!(state.job_view(job).unwrap().state, JobState::Assigned);
+
+    // A job put back in the queue is assigned again, not offered.
+    state.requeue_job(job).unwrap();
+    let (_, body, _) = poll(&mut state, &sess.session_id, id1).unwrap();
+    assert_eq!(kinds(&body), vec!["JobCompleted", "JobAssigned"]);
+}
+
+#[test]
 fn unacked_messages_are_redelivered_and_last_message_id_skips() {
     let mut state = state();
     let (tenant, _) = register(&mut state);
