@@ -16,7 +16,8 @@ use crds::constants::{
     EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, EPHEMERAL_RUNNER_SET_FINALIZER,
 };
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -78,6 +79,8 @@ struct Fixture {
     runner_sets: Vec<String>,
     runners: Vec<FixtureRunner>,
     listener: String,
+    /// The objects ARC made for its listener besides the pod: (kind, name, uid).
+    listener_objects: Vec<(&'static str, String, String)>,
 }
 
 const ARS: &str = "arc";
@@ -132,24 +135,28 @@ where
     .expect("write a fixture status");
 }
 
-/// Places, before the manager starts, what `line` leaves for a scale set with one busy and one idle runner (and,
-/// for 0.12, a finished one; for 0.14.2, the busy runner in the older of two runner sets), ARC's listener with its
-/// pod, and the fake's registrations and job.
-async fn fixture(line: Line, prefix: &str) -> Fixture {
-    let env = Env::new(prefix).await;
+/// The AutoscalingRunnerSet as ARC's chart made it and ARC's controller annotated it (with the scale set's id when
+/// `registered`).
+async fn arc_scale_set(
+    env: &Env,
+    line: Line,
+    prefix: &str,
+    registered: bool,
+) -> AutoscalingRunnerSet {
     let ns = env.ctx.namespace.clone();
-    let ars_api: Api<AutoscalingRunnerSet> = env.ctx.api();
     let mut ars_annotations = json!({
-        "runner-scale-set-id": env.scale_set_id.to_string(),
         "actions.github.com/runner-scale-set-name": format!("set-{prefix}"),
         "actions.github.com/runner-group-name": "Default",
         "actions.github.com/values-hash": "0f3c9e",
     });
+    if registered {
+        ars_annotations["runner-scale-set-id"] = json!(env.scale_set_id.to_string());
+    }
     if line == Line::V0_14_2 {
         ars_annotations["actions.github.com/change-hash"] = json!("5c7d8b9f");
     }
-    let ars = create(
-        &ars_api,
+    create(
+        &env.ctx.api(),
         json!({
             "apiVersion": "actions.github.com/v1alpha1", "kind": "AutoscalingRunnerSet",
             "metadata": {
@@ -172,7 +179,17 @@ async fn fixture(line: Line, prefix: &str) -> Fixture {
             },
         }),
     )
-    .await;
+    .await
+}
+
+/// Places, before the manager starts, what `line` leaves for a scale set with one busy and one idle runner (and,
+/// for 0.12, a finished one; for 0.14.2, the busy runner in the older of two runner sets), ARC's listener with its
+/// pod, and the fake's registrations and job.
+async fn fixture(line: Line, prefix: &str) -> Fixture {
+    let env = Env::new(prefix).await;
+    let ns = env.ctx.namespace.clone();
+    let ars_api: Api<AutoscalingRunnerSet> = env.ctx.api();
+    let ars = arc_scale_set(&env, line, prefix, true).await;
     let ars_uid = ars.uid().expect("uid");
     if line != Line::V0_12 && line != Line::V0_13_0 {
         put_status(
@@ -399,6 +416,7 @@ async fn fixture(line: Line, prefix: &str) -> Fixture {
         }),
     )
     .await;
+    let listener_objects = listener_objects(&env, line, &listener, &al, &newest).await;
     create::<Pod>(
         &pods,
         json!({
@@ -406,7 +424,7 @@ async fn fixture(line: Line, prefix: &str) -> Fixture {
             "metadata": {"name": listener, "labels": {"app.kubernetes.io/component": "runner-scale-set-listener"},
                          "ownerReferences": owner("AutoscalingListener", &listener, &al.uid().expect("uid"))},
             "spec": {"containers": [{"name": "listener", "image": "ghcr.io/actions/gha-runner-scale-set-controller:0.14.2"}],
-                     "restartPolicy": "Never"},
+                     "restartPolicy": "Never", "serviceAccountName": listener},
         }),
     )
     .await;
@@ -415,6 +433,118 @@ async fn fixture(line: Line, prefix: &str) -> Fixture {
         runner_sets: runner_set_names,
         runners,
         listener,
+        listener_objects,
+    }
+}
+
+/// What ARC makes for its listener besides the pod (spec "Inventory and naming"): the ServiceAccount and the config
+/// Secret in the listener's namespace, owned by the listener; the Role and RoleBinding in the set's namespace, named
+/// like the listener, owned by nothing (ARC deletes them by name), the Role allowing the patch of the one runner set.
+async fn listener_objects(
+    env: &Env,
+    line: Line,
+    listener: &str,
+    al: &AutoscalingListener,
+    runner_set: &str,
+) -> Vec<(&'static str, String, String)> {
+    let ns = env.ctx.namespace.clone();
+    let owned_by_listener = owner("AutoscalingListener", listener, &al.uid().expect("uid"));
+    let labels = json!({
+        "app.kubernetes.io/component": "runner-scale-set-listener",
+        "app.kubernetes.io/part-of": "gha-runner-scale-set",
+        "actions.github.com/scale-set-name": ARS,
+        "actions.github.com/scale-set-namespace": ns,
+    });
+    let mut rbac_labels = labels.clone();
+    rbac_labels["auto-scaling-listener-name"] = json!(listener);
+    rbac_labels["auto-scaling-listener-namespace"] = json!(ns);
+    let (role_annotations, binding_annotations) = match line {
+        Line::Master => (
+            json!({"actions.github.com/integrity-hash": "r0"}),
+            json!({"actions.github.com/integrity-hash": "b0"}),
+        ),
+        // Up to 0.14 the Role and RoleBinding carry hashes of their rules, reference and subject.
+        _ => (
+            json!({"role-policy-rules-hash": "5d8c7f"}),
+            json!({"role-binding-role-ref-hash": "7a1b2c", "role-binding-subject-hash": "9e4f3d"}),
+        ),
+    };
+    let account = create::<ServiceAccount>(
+        &env.ctx.api(),
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": listener, "labels": labels, "ownerReferences": owned_by_listener},
+        }),
+    )
+    .await;
+    let role = create::<Role>(
+        &env.ctx.api(),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": listener, "labels": rbac_labels, "annotations": role_annotations},
+            "rules": [
+                {"apiGroups": ["actions.github.com"], "resources": ["ephemeralrunnersets"],
+                 "resourceNames": [runner_set], "verbs": ["patch"]},
+                {"apiGroups": ["actions.github.com"], "resources": ["ephemeralrunners", "ephemeralrunners/status"],
+                 "verbs": ["patch"]},
+            ],
+        }),
+    )
+    .await;
+    let binding = create::<RoleBinding>(
+        &env.ctx.api(),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": listener, "labels": rbac_labels, "annotations": binding_annotations},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": listener},
+            "subjects": [{"kind": "ServiceAccount", "name": listener, "namespace": ns}],
+        }),
+    )
+    .await;
+    let config = create::<Secret>(
+        &env.ctx.api(),
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("{listener}-config"), "labels": labels,
+                         "ownerReferences": owned_by_listener},
+            "stringData": {"config.json": json!({
+                "configure_url": env.config_url, "ephemeral_runner_set_namespace": ns,
+                "ephemeral_runner_set_name": runner_set, "max_runners": 10, "min_runners": 0,
+                "runner_scale_set_id": env.scale_set_id, "token": "ghp_test",
+            }).to_string()},
+        }),
+    )
+    .await;
+    vec![
+        (
+            "ServiceAccount",
+            account.name_any(),
+            account.uid().expect("uid"),
+        ),
+        ("Role", role.name_any(), role.uid().expect("uid")),
+        (
+            "RoleBinding",
+            binding.name_any(),
+            binding.uid().expect("uid"),
+        ),
+        ("Secret", config.name_any(), config.uid().expect("uid")),
+    ]
+}
+
+/// The uid of the object of `kind` named `name` in the test's namespace, if there is one.
+async fn uid_of(env: &Env, kind: &str, name: &str) -> Option<String> {
+    async fn get<K>(api: Api<K>, name: &str) -> Option<String>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.get_opt(name).await.expect("read an object")?.uid()
+    }
+    match kind {
+        "ServiceAccount" => get::<ServiceAccount>(env.ctx.api(), name).await,
+        "Role" => get::<Role>(env.ctx.api(), name).await,
+        "RoleBinding" => get::<RoleBinding>(env.ctx.api(), name).await,
+        "Secret" => get::<Secret>(env.ctx.api(), name).await,
+        other => panic!("no such fixture kind {other}"),
     }
 }
 
@@ -429,13 +559,19 @@ async fn runner_names(env: &Env) -> BTreeSet<String> {
         .collect()
 }
 
-async fn take_over(line: Line, prefix: &str) {
-    let fixture = fixture(line, prefix).await;
-    let env = &fixture.env;
+/// The manager as an arc-rs release would run it, its listeners in the test's namespace.
+fn manager_options(env: &Env) -> controller::Options {
     let mut options = env.options();
     options.listener.namespace = Some(env.ctx.namespace.clone());
     options.listener.image = "ghcr.io/example/arc-rs:test".to_owned();
     options.build_version = "0.1.0".to_owned();
+    options
+}
+
+async fn take_over(line: Line, prefix: &str) {
+    let fixture = fixture(line, prefix).await;
+    let env = &fixture.env;
+    let options = manager_options(env);
     let busy = fixture
         .runners
         .iter()
@@ -476,6 +612,18 @@ async fn take_over(line: Line, prefix: &str) {
         ours.spec.runner_scale_set_id, env.scale_set_id,
         "the scale set is kept"
     );
+    // ARC's listener went with everything ARC made for it. (From 0.14.2 on, ARC's listener has the name the set's
+    // own takes, so its objects' names come back, made anew by the manager; master's are the manager's own already.)
+    if line != Line::Master {
+        for (kind, name, uid) in &fixture.listener_objects {
+            let now = uid_of(env, kind, name).await;
+            assert_ne!(
+                now.as_ref(),
+                Some(uid),
+                "ARC's listener {kind} {name} is still there"
+            );
+        }
+    }
     env.eventually(
         "one runner set, the scale set's own, with the busy runner",
         || async {
@@ -604,4 +752,67 @@ async fn what_arc_0_14_2_left_mid_template_change_is_taken_over_without_losing_a
 #[tokio::test]
 async fn what_arc_master_left_is_taken_over_without_losing_a_job() {
     take_over(Line::Master, "to-master").await;
+}
+
+/// ARC 0.14 parks a set whose runners reported an outdated runner version: phase `Outdated`, its listener, runner
+/// sets and GitHub scale set deleted (the id annotation removed), until its spec changes. The manager cannot tell
+/// whether the spec changed since (ARC's `change-hash` is ARC's own), and a set parked for good is what users of
+/// 0.14 reported as stuck: it registers the scale set again and serves the set; runners that still report an outdated
+/// version are replaced with a Warning Event, as for any set (docs/migrating-from-arc.md).
+#[tokio::test]
+async fn a_set_arc_0_14_parked_as_outdated_is_served_again_with_a_new_scale_set() {
+    let prefix = "to-outdated";
+    let env = Env::new(prefix).await;
+    env.actions
+        .delete_runner_scale_set(env.scale_set_id)
+        .await
+        .expect("ARC deleted the scale set");
+    arc_scale_set(&env, Line::V0_14_2, prefix, false).await;
+    put_status(
+        &env.ctx.api::<AutoscalingRunnerSet>(),
+        ARS,
+        json!({"phase": "Outdated", "currentRunners": 0}),
+    )
+    .await;
+    let manager = env.start(manager_options(&env));
+
+    let ars_api = env.ctx.api::<AutoscalingRunnerSet>();
+    let id = env
+        .eventually("the set registered again, served and Running", || async {
+            let ars = ars_api.get(ARS).await.ok()?;
+            let id: i64 = ars.annotations().get("runner-scale-set-id")?.parse().ok()?;
+            let running = ars.status.as_ref()?.phase == "Running";
+            let set = env.sets().get_opt(ARS).await.ok()??;
+            let listeners = env
+                .ctx
+                .api::<AutoscalingListener>()
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items;
+            let listener = listeners.iter().any(|l| {
+                l.spec.runner_scale_set_id == id && l.spec.ephemeral_runner_set_name == ARS
+            });
+            (running && listener && set.meta().deletion_timestamp.is_none()).then_some(id)
+        })
+        .await;
+    assert_ne!(id, env.scale_set_id, "ARC's scale set is gone; a new one");
+    let registered = env
+        .actions
+        .get_runner_scale_set_by_id(id)
+        .await
+        .expect("read the scale set")
+        .expect("the scale set exists on the service");
+    assert_eq!(registered.name, format!("set-{prefix}"));
+    assert!(
+        ars_api
+            .get(ARS)
+            .await
+            .expect("ars")
+            .meta()
+            .deletion_timestamp
+            .is_none(),
+        "the set is not deleted"
+    );
+    manager.stop().await;
 }

@@ -60,24 +60,33 @@ async fn a_burst_of_jobs_completes_and_the_set_returns_to_min_runners() {
     verify(world, 0, &[]).await;
 }
 
-/// github.com assigns jobs to the scale set directly (`JobAssigned`, no `JobAvailable`, nothing to acquire): the
-/// listener scales on those messages alone and every job runs once.
+/// `config` with jobs delivered as github.com does: assigned to the scale set directly (`JobAssigned`, no
+/// `JobAvailable`, nothing to acquire). The suite's other tests run GHES's acquire flow; the ones about a process
+/// that goes away or a scale set deleted run this way, where the listener has only the assignments and the
+/// statistics to go by.
+fn assigned_directly(config: WorldConfig) -> WorldConfig {
+    WorldConfig {
+        fake: fake_actions_service::Config {
+            job_delivery: JobDelivery::Direct,
+            ..config.fake
+        },
+        ..config
+    }
+}
+
+/// github.com assigns jobs to the scale set directly: the listener scales on those messages alone and every job
+/// runs once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_of_jobs_assigned_directly_as_on_github_com_completes() {
-    let defaults = WorldConfig::default();
     let world = world(
         "e2e-direct",
-        WorldConfig {
+        assigned_directly(WorldConfig {
             simulator: SimulatorConfig {
                 job_duration: Duration::from_secs(2),
                 ..SimulatorConfig::default()
             },
-            fake: fake_actions_service::Config {
-                job_delivery: JobDelivery::Direct,
-                ..defaults.fake
-            },
-            ..defaults
-        },
+            ..WorldConfig::default()
+        }),
     )
     .await;
     world.enqueue(burst_jobs() / 2).expect("enqueue");
@@ -234,13 +243,13 @@ async fn pod_start_failures_are_retried_until_every_job_runs() {
 async fn deleting_the_scale_set_mid_flight_loses_no_job() {
     let world = world(
         "e2e-delete",
-        WorldConfig {
+        assigned_directly(WorldConfig {
             simulator: SimulatorConfig {
                 job_duration: Duration::from_secs(3),
                 ..SimulatorConfig::default()
             },
             ..WorldConfig::default()
-        },
+        }),
     )
     .await;
     world.enqueue(8).expect("enqueue");
@@ -268,13 +277,13 @@ async fn deleting_the_scale_set_mid_flight_loses_no_job() {
 async fn a_manager_killed_mid_flight_and_restarted_loses_no_job() {
     let world = world(
         "e2e-restart",
-        WorldConfig {
+        assigned_directly(WorldConfig {
             simulator: SimulatorConfig {
                 job_duration: Duration::from_secs(3),
                 ..SimulatorConfig::default()
             },
             ..WorldConfig::default()
-        },
+        }),
     )
     .await;
     world.enqueue(20).expect("enqueue");
@@ -292,7 +301,7 @@ async fn a_manager_killed_mid_flight_and_restarted_loses_no_job() {
 async fn a_killed_listener_is_replaced_and_loses_no_job() {
     let world = world(
         "e2e-listener-kill",
-        WorldConfig {
+        assigned_directly(WorldConfig {
             simulator: SimulatorConfig {
                 // Long enough that the listener dies while jobs run: with 2 s jobs, runners that leave within a
                 // second of their job let all ten finish between two looks (seen once in CI).
@@ -300,7 +309,7 @@ async fn a_killed_listener_is_replaced_and_loses_no_job() {
                 ..SimulatorConfig::default()
             },
             ..WorldConfig::default()
-        },
+        }),
     )
     .await;
     world.enqueue(10).expect("enqueue");
