@@ -1182,6 +1182,11 @@ fn create_manager_role() {
         ]
     );
     assert_eq!(
+        role["rules"][0],
+        json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "get", "patch"]}),
+        "the manager puts the job's labels and annotations on busy runners' pods"
+    );
+    assert_eq!(
         role["metadata"]["labels"]["app.kubernetes.io/component"],
         "manager-role"
     );

@@ -18,6 +18,7 @@ pub mod chaos;
 pub mod checks;
 pub mod cli;
 pub mod lifecycle_baseline;
+pub mod manager_rbac;
 pub mod many_sets;
 pub mod node_world;
 pub mod simulator;

@@ -254,7 +254,12 @@ impl NodeWorld {
         options.runner.disruption_backoff_max = Duration::from_secs(1);
         options.scale_down.ready_grace_period = Duration::ZERO;
         let shutdown = CancellationToken::new();
-        let manager = tokio::spawn(Manager::new(ctx.client.clone(), options).run(shutdown.clone()));
+        // The controller chart's single-namespace RBAC (the suites' world runs its cluster-wide default).
+        let credentials =
+            crate::manager_rbac::install(&ctx, &controller_namespace, Some(&ctx.namespace))
+                .await
+                .expect("the manager's RBAC from the controller chart");
+        let manager = tokio::spawn(Manager::new(credentials.client, options).run(shutdown.clone()));
         let pods_seen = Arc::new(Mutex::new(BTreeMap::new()));
         let watcher = tokio::spawn(record_pod_times(ctx.api::<Pod>(), Arc::clone(&pods_seen)));
         let world = Self {

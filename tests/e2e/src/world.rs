@@ -23,6 +23,7 @@ use test_harness::{ListenerExecutor, TestContext};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::manager_rbac::{self, ManagerCredentials};
 use crate::simulator::{PodStage, Simulator, SimulatorConfig};
 use crate::{Error, Result};
 
@@ -30,8 +31,8 @@ use crate::{Error, Result};
 pub const GITHUB_TOKEN: &str = "ghp_e2e";
 /// The organization in the config URL.
 pub const ORGANIZATION: &str = "e2e-org";
-/// The controller ServiceAccount named in the rendered manager RoleBinding (the in-process manager uses the
-/// admin client, so it need not exist).
+/// The controller chart's ServiceAccount, which the manager runs as (`manager_rbac`), named in the scale-set chart's
+/// manager RoleBinding.
 pub const CONTROLLER_SERVICE_ACCOUNT: &str = "arc-rs-controller";
 /// Label selector of runner pods.
 pub const RUNNER_POD_SELECTOR: &str = "actions-ephemeral-runner=True";
@@ -115,6 +116,8 @@ pub struct World {
     extra_manager_args: Vec<String>,
     /// Where the manager process keeps its kubeconfig and log.
     manager_dir: tempfile::TempDir,
+    /// The controller chart's ServiceAccount, as the manager acts.
+    manager_credentials: ManagerCredentials,
     tune: fn(&mut Options),
     enqueued: Mutex<Vec<i64>>,
 }
@@ -168,6 +171,8 @@ impl World {
             manager_dir.disable_cleanup(true);
             eprintln!("manager log kept in {}", manager_dir.path().display());
         }
+        // The controller chart's default (cluster-wide) RBAC; the real-node tier runs its single-namespace mode.
+        let manager_credentials = manager_rbac::install(&ctx, &controller_namespace, None).await?;
         let executor = ListenerExecutor::start(
             ctx.control_plane,
             ctx.client.clone(),
@@ -201,6 +206,7 @@ impl World {
             manager_binary,
             extra_manager_args: config.manager_args,
             manager_dir,
+            manager_credentials,
             tune: config.tune,
             enqueued: Mutex::default(),
         };
@@ -277,7 +283,7 @@ impl World {
         *slot = Some(match &self.manager_binary {
             None => {
                 let shutdown = CancellationToken::new();
-                let manager = Manager::new(self.client(), self.options());
+                let manager = Manager::new(self.manager_credentials.client.clone(), self.options());
                 let task = tokio::spawn(manager.run(shutdown.clone()));
                 RunningManager::Task { shutdown, task }
             }
@@ -324,11 +330,13 @@ impl World {
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             Error::Manager(format!("starting the manager process: {what}: {e}"))
         };
-        let control_plane = self.ctx.control_plane;
         let port = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
             .and_then(|l| l.local_addr())
             .map_err(|e| failed("a free port", &e))?
             .port();
+        let kubeconfig = self
+            .manager_credentials
+            .write_kubeconfig(&self.ctx, self.manager_dir.path())?;
         let mut args: Vec<String> = vec!["-i".to_owned()];
         // MALLOC_ARENA_MAX lets a measurement try glibc's allocator settings on the real process; RUST_LOG turns
         // on one module's debug logs without the noise of `--log-level=debug`.
@@ -344,7 +352,7 @@ impl World {
             }
         }
         args.extend([
-            format!("KUBECONFIG={}", control_plane.kubeconfig_path().display()),
+            format!("KUBECONFIG={}", kubeconfig.display()),
             format!(
                 "CONTROLLER_MANAGER_POD_NAMESPACE={}",
                 self.controller_namespace

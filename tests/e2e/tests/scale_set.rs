@@ -8,8 +8,11 @@ use std::time::Duration;
 
 use e2e::checks;
 use e2e::simulator::{PodStage, SimulatorConfig};
-use e2e::world::{World, WorldConfig};
+use e2e::world::{RUNNER_POD_SELECTOR, World, WorldConfig};
 use fake_actions_service::{ErrorFault, Faults, JobDelivery, JobState, LatencyFault};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 /// Jobs in the burst suite. 200 fits the CI budget on two cores; `E2E_BURST_JOBS` overrides it.
@@ -288,6 +291,30 @@ async fn a_manager_killed_mid_flight_and_restarted_loses_no_job() {
     .await;
     world.enqueue(20).expect("enqueue");
     wait_running(&world, 4).await;
+    // The manager, with only the charts' RBAC, puts the job's labels on busy runners' pods.
+    let labelled = world
+        .eventually(
+            "a busy runner's pod labelled with its job",
+            WAIT,
+            || async {
+                let pods = Api::<Pod>::namespaced(world.client(), world.namespace())
+                    .list(&ListParams::default().labels(RUNNER_POD_SELECTOR))
+                    .await?;
+                let labelled = pods
+                    .items
+                    .iter()
+                    .filter(|pod| pod.labels().contains_key("actions.github.com/job-id"))
+                    .count();
+                Ok((
+                    labelled > 0,
+                    format!("{labelled} of {} pods", pods.items.len()),
+                ))
+            },
+        )
+        .await;
+    if let Err(error) = labelled {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
     world.stop_manager(true).await.expect("kill the manager");
     // Jobs keep arriving and finishing while no controller runs.
     world.enqueue(5).expect("enqueue while down");

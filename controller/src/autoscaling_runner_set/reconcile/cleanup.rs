@@ -11,6 +11,7 @@ use crds::constants::{
 };
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -131,12 +132,18 @@ enum ObjectKind {
 
 /// Removes the cleanup-protection finalizer from an object; gone (or, for a Secret, no longer readable) counts
 /// as done.
+///
+/// The object is read with a list by name, not a get: the scale-set chart's manager Role, which grants the get,
+/// is bound by the manager RoleBinding released just before it, so a later pass (the Role's finalizer, or a pass
+/// that failed after the binding went) has only what the controller chart grants, which lists ServiceAccounts,
+/// Roles and RoleBindings and patches Roles. A get would be refused there and the set never finalized.
 async fn release<K>(api: &Api<K>, name: &str, namespace: &str) -> Result<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let found = match api.get_opt(name).await {
-        Ok(found) => found,
+    let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+    let found = match api.list(&by_name).await {
+        Ok(list) => list.items.into_iter().next(),
         Err(error) if K::kind(&()) == Secret::kind(&()) && is_status(&error, 403) => None,
         Err(source) => {
             return Err(Error::ReadObjects {

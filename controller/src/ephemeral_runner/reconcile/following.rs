@@ -97,6 +97,22 @@ impl Step<'_> {
             }
             // Gone (404), or the name now belongs to another pod (409): its own pass labels that one.
             Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(()),
+            // The scale set's namespace grants no pod patch (ARC's scale-set chart, whose manager Role stops at
+            // create, delete and get): the labels are an extra, never a reason to hold the runner's pass. Counted
+            // as applied, so this pod is not asked again (docs/security.md).
+            Err(error) if is_status(&error, 403) => {
+                tracing::warn!(
+                    namespace = %self.namespace,
+                    pod = %self.name,
+                    %error,
+                    "may not patch runner pods here: the job's labels and annotations stay off this pod \
+                     (the scale-set chart of arc-rs grants it)"
+                );
+                self.ctx
+                    .runner_memory
+                    .applied_job_metadata(&self.uid, uid, metadata.digest());
+                Ok(())
+            }
             Err(source) => Err(Error::PatchObject {
                 kind: Pod::kind(&()),
                 what: "job metadata",
