@@ -237,6 +237,7 @@ impl ChaosConfig {
             tune: chaos_tune,
             manager_process: self.manager_process,
             manager_args: Vec::new(),
+            controller_values: defaults.controller_values,
         }
     }
 

@@ -48,13 +48,15 @@ impl ManagerCredentials {
 }
 
 /// Creates what the controller chart renders for the manager's identity (its ServiceAccount, ClusterRoles, Roles
-/// and their bindings; in single-namespace mode when `watch_single_namespace` is given) and returns credentials
+/// and their bindings; in single-namespace mode when `watch_single_namespace` is given; `values` on top, e.g.
+/// `replicaCount: 2` for the leader-election Role) and returns credentials
 /// acting as that account once the API server enforces them. The release name carries the controller namespace,
 /// so the cluster-scoped objects of two worlds on one control plane do not collide.
 pub async fn install(
     ctx: &TestContext,
     controller_namespace: &str,
     watch_single_namespace: Option<&str>,
+    values: &Value,
 ) -> Result<ManagerCredentials> {
     let manifests = Template::new(Chart::Controller)
         .release(&format!("r-{controller_namespace}"))
@@ -63,6 +65,7 @@ pub async fn install(
             "serviceAccount": {"name": CONTROLLER_SERVICE_ACCOUNT},
             "flags": {"watchSingleNamespace": watch_single_namespace.unwrap_or_default()},
         }))
+        .values(values.clone())
         .render()?;
     let identity = manifests.objects().iter().filter(|object| {
         matches!(

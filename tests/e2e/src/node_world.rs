@@ -255,10 +255,14 @@ impl NodeWorld {
         options.scale_down.ready_grace_period = Duration::ZERO;
         let shutdown = CancellationToken::new();
         // The controller chart's single-namespace RBAC (the suites' world runs its cluster-wide default).
-        let credentials =
-            crate::manager_rbac::install(&ctx, &controller_namespace, Some(&ctx.namespace))
-                .await
-                .expect("the manager's RBAC from the controller chart");
+        let credentials = crate::manager_rbac::install(
+            &ctx,
+            &controller_namespace,
+            Some(&ctx.namespace),
+            &json!({}),
+        )
+        .await
+        .expect("the manager's RBAC from the controller chart");
         let manager = tokio::spawn(Manager::new(credentials.client, options).run(shutdown.clone()));
         let pods_seen = Arc::new(Mutex::new(BTreeMap::new()));
         let watcher = tokio::spawn(record_pod_times(ctx.api::<Pod>(), Arc::clone(&pods_seen)));

@@ -58,6 +58,9 @@ pub struct WorldConfig {
     pub manager_process: bool,
     /// Extra flags for the manager binary (with `manager_process`), after the world's own.
     pub manager_args: Vec<String>,
+    /// Controller chart values whose RBAC the manager gets (`manager_rbac`), e.g. `{"replicaCount": 2}`, whose
+    /// leader-election Role a manager with `--enable-leader-election` needs.
+    pub controller_values: Value,
 }
 
 impl Default for WorldConfig {
@@ -75,6 +78,7 @@ impl Default for WorldConfig {
             tune: |_| {},
             manager_process: false,
             manager_args: Vec::new(),
+            controller_values: json!({}),
         }
     }
 }
@@ -93,6 +97,38 @@ enum RunningManager {
         /// The command line's flags.
         flags: Vec<String>,
     },
+}
+
+/// A manager process started beside the world's ([`World::start_replica`]).
+pub struct Replica {
+    process: Supervised,
+}
+
+impl Replica {
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// How it ended, if it did (a replica should not end by itself), with the end of its log.
+    pub fn exited(&mut self) -> Option<String> {
+        let status = self.process.exited()?;
+        Some(format!(
+            "the replica exited ({status}); its log ends with:\n{}",
+            self.process.log_tail(4000)
+        ))
+    }
+
+    /// The end of its log.
+    pub fn log_tail(&self, max: u64) -> String {
+        self.process.log_tail(max)
+    }
+
+    /// SIGTERM, then waits for it to end (off the async threads).
+    pub async fn stop(mut self) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.process.stop())
+            .await
+            .map_err(|e| Error::Manager(e.to_string()))
+    }
 }
 
 /// Everything one scale set needs, running.
@@ -172,7 +208,9 @@ impl World {
             eprintln!("manager log kept in {}", manager_dir.path().display());
         }
         // The controller chart's default (cluster-wide) RBAC; the real-node tier runs its single-namespace mode.
-        let manager_credentials = manager_rbac::install(&ctx, &controller_namespace, None).await?;
+        let manager_credentials =
+            manager_rbac::install(&ctx, &controller_namespace, None, &config.controller_values)
+                .await?;
         let executor = ListenerExecutor::start(
             ctx.control_plane,
             ctx.client.clone(),
@@ -327,6 +365,23 @@ impl World {
     }
 
     fn spawn_manager(&self, binary: &Path) -> Result<RunningManager> {
+        self.spawn_manager_logging_to(binary, "manager.log")
+    }
+
+    /// Starts one more manager process beside the world's, with the same flags (a second replica of the
+    /// Deployment: give the world `--enable-leader-election` in `manager_args`), its log in `<name>.log` and a
+    /// metrics port of its own. Only with [`WorldConfig::manager_process`].
+    pub fn start_replica(&self, name: &str) -> Result<Replica> {
+        let binary = self.manager_binary.as_deref().ok_or_else(|| {
+            Error::Manager("a replica needs the manager to run as a process".to_owned())
+        })?;
+        match self.spawn_manager_logging_to(binary, &format!("{name}.log"))? {
+            RunningManager::Process { process, .. } => Ok(Replica { process }),
+            RunningManager::Task { .. } => unreachable!("spawned as a process"),
+        }
+    }
+
+    fn spawn_manager_logging_to(&self, binary: &Path, log: &str) -> Result<RunningManager> {
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             Error::Manager(format!("starting the manager process: {what}: {e}"))
         };
@@ -366,7 +421,7 @@ impl World {
             "manager",
             Path::new("env"),
             &args,
-            &self.manager_dir.path().join("manager.log"),
+            &self.manager_dir.path().join(log),
         )
         .map_err(|e| failed("spawn", &e))?;
         Ok(RunningManager::Process {
