@@ -428,6 +428,33 @@ mod tests {
         assert_eq!(args.leader_election_id, "t-gha-rs-controller");
     }
 
+    /// Every flag ARC defines for the scale-set mode is accepted, the ones without effect here included; a flag of
+    /// ARC's legacy mode is refused with an error that names it (docs/manager-configuration.md).
+    #[test]
+    fn arcs_scale_set_flags_are_accepted_and_its_legacy_flags_refused_by_name() {
+        Args::try_parse_from([
+            "manager",
+            "--sync-period=1m",
+            "--port=9443",
+            "--pprof-addr=",
+            "--update-strategy=immediate",
+            "--workqueue-rate-limiter=bucket_rate_limiter",
+            "--health-probe-bind-address=",
+            "--watch-namespace=runners",
+        ])
+        .expect("ARC's scale-set flags");
+        for legacy in [
+            "--runner-image=summerwind/actions-runner:latest",
+            "--github-token=ghp_x",
+        ] {
+            let error = Args::try_parse_from(["manager", legacy])
+                .expect_err("a legacy-mode flag")
+                .to_string();
+            let flag = legacy.split('=').next().unwrap_or_default();
+            assert!(error.contains(flag), "{legacy}: {error}");
+        }
+    }
+
     #[test]
     fn listener_settings_come_from_the_environment_flags() {
         let args = Args::try_parse_from([

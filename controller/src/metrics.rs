@@ -107,7 +107,8 @@ pub struct Metrics {
     /// `init_container` or `pod_failed`.
     pub pod_failures: Family<RunnerReasonLabels, Counter>,
     /// `gha_controller_runner_pod_disruptions_total`: pods lost without being counted as failures; reason
-    /// `evicted`, `preempted`, `node_lost`, `node_rejected` or `disrupted`.
+    /// `evicted`, `preempted`, `node_lost`, `node_rejected` or `disrupted` (the cluster's), `pod_deleted` (an idle
+    /// runner's pod deleted) or `pod_deleted_with_job` (a busy runner's).
     pub pod_disruptions: Family<RunnerReasonLabels, Counter>,
     /// `gha_controller_runner_pod_rejections_total`: pod creations the API server refused; reason `quota`,
     /// `forbidden` or `invalid`, or `error` for a creation that failed and whose registration was discarded.
