@@ -362,6 +362,9 @@ pub struct RunnerMemory {
     /// event (a pass that began just before it may still run once more on the cached copy), for the last
     /// [`ENDINGS_KEPT`] runners: forgetting one only repeats a call whose answer is "already done".
     endings: Mutex<Endings>,
+    /// When the watch first showed runner `uid`'s end (its pod succeeded, or its deletion), until its teardown
+    /// pass starts: the `waited` stage of the teardown metric (see [`RunnerMemory::teardown_due`]).
+    teardown_due: Mutex<HashMap<String, Instant>>,
 }
 
 /// The copy a runner's last status write returned, while the cache has not caught up with it, and what the last
@@ -708,8 +711,24 @@ impl RunnerMemory {
         left
     }
 
+    /// Notes, the first time only, that the watch shows the end of runner `uid` (its pod succeeded, or the
+    /// runner is being deleted): its teardown is due.
+    pub fn teardown_due(&self, uid: &str) {
+        lock(&self.teardown_due)
+            .entry(uid.to_owned())
+            .or_insert_with(Instant::now);
+    }
+
+    /// How long runner `uid`'s teardown waited since it was due, once: the first teardown pass asks.
+    pub fn teardown_started(&self, uid: &str) -> Option<Duration> {
+        lock(&self.teardown_due)
+            .remove(uid)
+            .map(|due| due.elapsed())
+    }
+
     /// Forgets runner `uid` (deleted), but for its endings (see [`RunnerMemory::deregistered`]).
     pub fn forget(&self, uid: &str) {
+        lock(&self.teardown_due).remove(uid);
         lock(&self.pods_created).remove(uid);
         lock(&self.pods_not_created).remove(uid);
         lock(&self.job_metadata_applied).remove(uid);
@@ -723,6 +742,28 @@ impl RunnerMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_teardown_waits_from_when_it_first_became_due_and_is_reported_once() {
+        let memory = RunnerMemory::default();
+        assert_eq!(memory.teardown_started("a"), None, "never due");
+        memory.teardown_due("a");
+        std::thread::sleep(Duration::from_millis(20));
+        memory.teardown_due("a");
+        let waited = memory.teardown_started("a").expect("due");
+        assert!(
+            waited >= Duration::from_millis(20),
+            "from the first: {waited:?}"
+        );
+        assert_eq!(memory.teardown_started("a"), None, "reported once");
+        memory.teardown_due("b");
+        memory.forget("b");
+        assert_eq!(
+            memory.teardown_started("b"),
+            None,
+            "forgotten with the runner"
+        );
+    }
 
     #[test]
     fn a_pod_that_was_not_created_is_reported_once_for_its_registration_until_a_pod_is() {

@@ -189,6 +189,11 @@ impl Manager {
             (Arc::clone(&completions), Arc::clone(&completions));
         runner_fanout.observe(move |runner: &EphemeralRunner| {
             applied_memory.seen(runner);
+            if runner.meta().deletion_timestamp.is_some()
+                && let Some(uid) = runner.uid()
+            {
+                applied_memory.teardown_due(&uid);
+            }
             if leaving_with_job(runner, false)
                 && let Some(key) = owner_set_key(runner)
             {
@@ -200,7 +205,19 @@ impl Manager {
         // which runners may go"), and the runner's own status shows nothing of the pod, so the pod's event is the
         // set's to hear.
         let (pod_runners, pod_set_tx) = (runner_store.clone(), set_wakeup_tx.clone());
+        let succeeded_memory = Arc::clone(&runner_memory);
         pod_fanout.observe(move |pod: &CachedPod| {
+            // A runner's pod that succeeded: its teardown is due from this event on (the teardown metric's
+            // `waited` stage).
+            if crate::ephemeral_runner::policy::pod_phase(pod) == crds::constants::phase::SUCCEEDED
+                && let Some(owner) = pod
+                    .owner_references()
+                    .iter()
+                    .find(|owner| owner.controller == Some(true))
+            {
+                succeeded_memory.teardown_due(&owner.uid);
+                return;
+            }
             if !crate::ephemeral_runner::policy::runner_not_started(pod) {
                 return;
             }
@@ -443,7 +460,8 @@ impl<K> Fanout<K> {
         rx
     }
 
-    /// Calls `observer` with every applied object, after the store has it and before any subscriber.
+    /// Calls `observer` with every applied object, after the store has it and before any subscriber. One observer
+    /// per fanout: a second call replaces the first.
     fn observe(&mut self, observer: impl Fn(&K) + Send + Sync + 'static) {
         self.observer = Some(Box::new(observer));
     }

@@ -83,10 +83,50 @@ pub struct ActionsCallLabels {
     pub result: &'static str,
 }
 
+/// A stage of a finished runner's teardown ([`Metrics::teardown_time`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TeardownStageLabels {
+    /// One of [`teardown_stage`].
+    pub stage: &'static str,
+}
+
+/// The stages of `gha_controller_runner_teardown_seconds` (docs/metrics.md): where a finished runner's time goes
+/// between the manager seeing its end and its finalizers removed.
+pub mod teardown_stage {
+    /// From the manager's watch showing the runner's end (its pod succeeded, or the runner being deleted) to the
+    /// start of its teardown pass: the watch event's way to the teardown lane, and the lane's queue.
+    pub const WAITED: &str = "waited";
+    /// The runner's own `DELETE` (a runner whose pod succeeded deletes itself).
+    pub const DELETE_RUNNER: &str = "delete_runner";
+    /// Removing its registration from the Actions Service (the JIT Secret read first).
+    pub const DEREGISTER: &str = "deregister";
+    /// The pod's and the JIT Secret's deletes.
+    pub const DELETE_CHILDREN: &str = "delete_children";
+    /// The finalizers' removal, which lets the API server delete the runner.
+    pub const FINALIZERS: &str = "finalizers";
+    /// The whole pass, from its start to the finalizers removed.
+    pub const PASS: &str = "pass";
+    /// Every stage, in order.
+    pub const ALL: [&str; 6] = [
+        WAITED,
+        DELETE_RUNNER,
+        DEREGISTER,
+        DELETE_CHILDREN,
+        FINALIZERS,
+        PASS,
+    ];
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn reconcile_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+/// Buckets 1.5 times apart from 5 ms to about 25 s: fine enough that a p99 read from them (as `e2e-bench` does)
+/// is within a third of the truth.
+fn teardown_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 1.5, 22))
 }
 
 /// Every metric handle of the manager. Cheap to share behind an `Arc`.
@@ -129,9 +169,18 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     /// `controller_runtime_reconcile_time_seconds`.
     pub reconcile_time: HistogramFamily<ControllerLabels>,
+    /// `gha_controller_runner_teardown_seconds`, by [`teardown_stage`].
+    pub teardown_time: HistogramFamily<TeardownStageLabels>,
 }
 
 impl Metrics {
+    /// Records `took` for teardown `stage` (one of [`teardown_stage`]).
+    pub fn teardown(&self, stage: &'static str, took: std::time::Duration) {
+        self.teardown_time
+            .get_or_create(&TeardownStageLabels { stage })
+            .observe(took.as_secs_f64());
+    }
+
     /// Creates the handles and registers them in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
@@ -151,6 +200,7 @@ impl Metrics {
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram),
+            teardown_time: Family::new_with_constructor(teardown_histogram),
         };
         let gha = registry.sub_registry_with_prefix("gha_controller");
         gha.register(
@@ -217,6 +267,12 @@ impl Metrics {
             "actions_requests",
             "Actions Service calls made by the controllers, by operation and result.",
             metrics.actions_requests.clone(),
+        );
+        gha.register_with_unit(
+            "runner_teardown",
+            "Time finished runners spent in each stage of their teardown.",
+            Unit::Seconds,
+            metrics.teardown_time.clone(),
         );
         let runtime = registry.sub_registry_with_prefix("controller_runtime");
         runtime.register(

@@ -327,6 +327,17 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     let (latencies, unseen, lingering) = finish_to_gone(&world, &runners, started);
     report.finish_to_gone = latencies;
     report.teardown_stages = teardown_stages(&world, &runners);
+    match world.manager_metrics_url() {
+        Some(url) => match http_get(&url).await {
+            Ok(text) => report.teardown_stages.manager = manager_teardown_stages(&text),
+            Err(error) => report
+                .problems
+                .push(format!("reading the manager's metrics at {url}: {error}")),
+        },
+        None => report
+            .problems
+            .push("the manager runs in this process: no metrics endpoint to read".to_owned()),
+    }
     if let Some(path) = std::env::var_os(TIMELINE_ENV) {
         let csv = timeline_csv(
             &world.simulator.pods(),
@@ -591,6 +602,97 @@ pub struct TeardownStages {
     /// Deletion seen → pod and EphemeralRunner both gone: deregistration, the pod's and the Secret's deletes,
     /// the finalizers' removal, and their watch events.
     pub gone: Percentiles,
+    /// What the two stages above are made of, from the manager's own clock
+    /// (`gha_controller_runner_teardown_seconds`, read from its metrics endpoint at the end of the run): by stage
+    /// (`waited`: the runner's end seen → its teardown pass starting; `delete_runner`, `deregister`,
+    /// `delete_children`, `finalizers`: each request's time; `pass`: the whole pass). What the stages above take
+    /// beyond these is the watch events' way and the garbage collector.
+    pub manager: BTreeMap<String, HistogramQuantiles>,
+}
+
+/// Quantiles read from a Prometheus histogram's cumulative buckets, interpolated linearly within the bucket that
+/// holds the rank (as `histogram_quantile` does): within a bucket's width of the truth.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistogramQuantiles {
+    pub count: u64,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+impl HistogramQuantiles {
+    /// From `(upper bound, cumulative count)` pairs, ascending, `+Inf` last.
+    pub fn of(buckets: &[(f64, u64)]) -> Self {
+        let count = buckets.last().map_or(0, |&(_, count)| count);
+        let quantile = |q: f64| {
+            let rank = q * count as f64;
+            let mut lower = (0.0, 0u64);
+            for &(bound, cumulative) in buckets {
+                if cumulative as f64 >= rank {
+                    if bound.is_infinite() {
+                        return lower.0;
+                    }
+                    let within = (cumulative - lower.1) as f64;
+                    let fraction = if within > 0.0 {
+                        (rank - lower.1 as f64) / within
+                    } else {
+                        0.0
+                    };
+                    return lower.0 + (bound - lower.0) * fraction;
+                }
+                lower = (bound, cumulative);
+            }
+            lower.0
+        };
+        if count == 0 {
+            return Self::default();
+        }
+        Self {
+            count,
+            p50: quantile(0.5),
+            p99: quantile(0.99),
+        }
+    }
+}
+
+/// The manager's teardown stages from its metrics text (`gha_controller_runner_teardown_seconds_bucket`).
+pub fn manager_teardown_stages(metrics: &str) -> BTreeMap<String, HistogramQuantiles> {
+    let mut buckets: BTreeMap<String, Vec<(f64, u64)>> = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("gha_controller_runner_teardown_seconds_bucket{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels.split(',').find_map(|pair| {
+                let (key, value) = pair.split_once('=')?;
+                (key.trim() == name).then(|| value.trim_matches('"').to_owned())
+            })
+        };
+        let (Some(stage), Some(bound), Ok(count)) =
+            (label("stage"), label("le"), value.trim().parse::<f64>())
+        else {
+            continue;
+        };
+        let bound = if bound == "+Inf" {
+            f64::INFINITY
+        } else {
+            bound.parse().unwrap_or(f64::INFINITY)
+        };
+        buckets
+            .entry(stage)
+            .or_default()
+            .push((bound, count as u64));
+    }
+    buckets
+        .into_iter()
+        .map(|(stage, mut pairs)| {
+            pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (stage, HistogramQuantiles::of(&pairs))
+        })
+        .collect()
 }
 
 /// The [`TeardownStages`] of every runner that finished a job.
@@ -619,6 +721,7 @@ pub(crate) fn teardown_stages(world: &World, runners: &RunnerWatch) -> TeardownS
         exit_written: Percentiles::of(exit_written),
         deletion_requested: Percentiles::of(deletion_requested),
         gone: Percentiles::of(gone),
+        manager: BTreeMap::new(),
     }
 }
 
@@ -1065,10 +1168,73 @@ enum Write {
     Delete(Kind, String),
 }
 
+/// The body of a plain `GET` of `url` (`http://host:port/path`, as the manager's metrics endpoint), over HTTP/1.0
+/// so the answer ends with the connection.
+pub async fn http_get(url: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let invalid = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not an http URL: {url}"),
+        )
+    };
+    let rest = url.strip_prefix("http://").ok_or_else(invalid)?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let mut stream = tokio::net::TcpStream::connect(authority).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no HTTP header"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(std::io::Error::other(format!(
+            "answered {}",
+            head.lines().next().unwrap_or_default()
+        )));
+    }
+    Ok(body.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn quantiles_come_from_the_bucket_that_holds_the_rank_interpolated() {
+        // 100 observations: 50 up to 0.1 s, 40 more up to 0.2 s, the last 10 up to 0.4 s.
+        let buckets = [(0.1, 50), (0.2, 90), (0.4, 100), (f64::INFINITY, 100)];
+        let q = HistogramQuantiles::of(&buckets);
+        assert_eq!(q.count, 100);
+        assert!((q.p50 - 0.1).abs() < 1e-9, "{q:?}");
+        assert!((q.p99 - 0.38).abs() < 1e-9, "{q:?}");
+        assert_eq!(HistogramQuantiles::of(&[]), HistogramQuantiles::default());
+        // Past the last finite bound, the last finite bound.
+        let q = HistogramQuantiles::of(&[(0.1, 1), (f64::INFINITY, 100)]);
+        assert!((q.p99 - 0.1).abs() < 1e-9, "{q:?}");
+    }
+
+    #[test]
+    fn the_managers_teardown_stages_are_read_from_its_metrics() {
+        let text = "# HELP gha_controller_runner_teardown_seconds x\n\
+            gha_controller_runner_teardown_seconds_bucket{stage=\"waited\",le=\"0.005\"} 0\n\
+            gha_controller_runner_teardown_seconds_bucket{stage=\"waited\",le=\"0.01\"} 4\n\
+            gha_controller_runner_teardown_seconds_bucket{stage=\"waited\",le=\"+Inf\"} 4\n\
+            gha_controller_runner_teardown_seconds_count{stage=\"waited\"} 4\n\
+            gha_controller_runner_teardown_seconds_bucket{stage=\"pass\",le=\"1.0\"} 2\n\
+            gha_controller_runner_teardown_seconds_bucket{stage=\"pass\",le=\"+Inf\"} 2\n\
+            controller_runtime_reconcile_time_seconds_bucket{controller=\"x\",le=\"0.01\"} 9\n";
+        let stages = manager_teardown_stages(text);
+        assert_eq!(stages.keys().collect::<Vec<_>>(), ["pass", "waited"]);
+        assert_eq!(stages["waited"].count, 4);
+        assert!(stages["waited"].p99 > 0.005 && stages["waited"].p99 <= 0.01);
+        assert_eq!(stages["pass"].count, 2);
+    }
 
     #[test]
     fn the_timeline_lists_each_runner_by_when_its_job_finished() {

@@ -34,6 +34,19 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
     assert_eq!(report.completed, jobs as usize);
     assert!(report.burst_to_pods_secs.is_some(), "{report:?}");
     assert_eq!(report.finish_to_gone.samples, jobs as usize, "{report:?}");
+    // The teardown's finer stages, from the manager's own clock: every stage of every finished runner's pass.
+    for stage in controller::metrics::teardown_stage::ALL {
+        let seen = report
+            .teardown_stages
+            .manager
+            .get(stage)
+            .map_or(0, |q| q.count);
+        assert!(
+            seen >= u64::from(jobs),
+            "teardown stage {stage}: {seen} samples for {jobs} runners; {:?}",
+            report.teardown_stages
+        );
+    }
     assert!(
         report.actions_calls_per_job <= 3.0,
         "Actions Service calls per job over budget: {:.2} {:?}",

@@ -1,7 +1,10 @@
 //! The teardown lane's pass: a runner being deleted, or whose pod succeeded, is deregistered, its pod and Secret
 //! deleted and its finalizers dropped ([`super::super::lifecycle::plan_teardown`] decides the steps).
 
+use std::time::Instant;
+
 use super::*;
+use crate::metrics::teardown_stage;
 
 /// The teardown lane's pass ([`super::super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
 /// being deleted is deregistered, its pod and Secret deleted and its finalizers dropped, in this one pass. Other
@@ -14,6 +17,9 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
         return Ok(Action::await_change());
     }
     ctx.runner_memory.tearing_down(&step.uid);
+    if let Some(waited) = ctx.runner_memory.teardown_started(&step.uid) {
+        ctx.metrics.teardown(teardown_stage::WAITED, waited);
+    }
     // A runner whose pod succeeded is deleted and finalized in this pass, rather than on the deletion's watch
     // event, which would only bring it back here.
     let delete = runner.meta().deletion_timestamp.is_none();
@@ -28,6 +34,19 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
 }
 
 impl Step<'_> {
+    /// `request`, its time recorded as teardown `stage` when it succeeds (docs/metrics.md,
+    /// `gha_controller_runner_teardown_seconds`).
+    async fn timed<T>(
+        &self,
+        stage: &'static str,
+        request: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let outcome = request.await?;
+        self.ctx.metrics.teardown(stage, started.elapsed());
+        Ok(outcome)
+    }
+
     /// The uid of the runner's pod when the cache shows it terminated (`Succeeded` or `Failed`): nothing runs in
     /// it any more.
     pub(super) fn terminated_pod(&self) -> Option<String> {
@@ -57,6 +76,7 @@ impl Step<'_> {
     /// request, the deregistration and then the Secret's deletion, a terminated pod's deletion), then what
     /// waited for the service's answer, then both finalizers, last, once everything they stand for is done.
     pub(super) async fn finalize(&self, delete: bool) -> Result<Action> {
+        let pass = Instant::now();
         // The pod as the cache shows it now, read once for the plan and for its deletion.
         let terminated = self.terminated_pod();
         let facts = TeardownFacts {
@@ -83,18 +103,24 @@ impl Step<'_> {
         };
         let delete_self = async {
             if start.delete_self {
-                self.delete_self().await?;
+                self.timed(teardown_stage::DELETE_RUNNER, self.delete_self())
+                    .await?;
             }
             Ok::<_, Error>(())
         };
         let deregister = async {
             let removal = if start.deregister {
-                self.deregister().await?
+                self.timed(teardown_stage::DEREGISTER, self.deregister())
+                    .await?
             } else {
                 Removal::Removed
             };
             if removal == Removal::Removed {
-                delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+                self.timed(
+                    teardown_stage::DELETE_CHILDREN,
+                    delete_if_present(&self.secrets, &self.name, &self.namespace),
+                )
+                .await?;
             }
             Ok::<_, Error>(removal)
         };
@@ -102,7 +128,11 @@ impl Step<'_> {
             if start.delete_terminated_pod
                 && let Some(uid) = &terminated
             {
-                delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid).await?;
+                self.timed(
+                    teardown_stage::DELETE_CHILDREN,
+                    delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid),
+                )
+                .await?;
             }
             Ok::<_, Error>(())
         };
@@ -119,16 +149,27 @@ impl Step<'_> {
                 delete_hook_objects,
             } => {
                 if delete_pod {
-                    delete_if_present(&self.pods, &self.name, &self.namespace).await?;
+                    self.timed(
+                        teardown_stage::DELETE_CHILDREN,
+                        delete_if_present(&self.pods, &self.name, &self.namespace),
+                    )
+                    .await?;
                 }
                 if delete_hook_objects {
                     self.delete_hook_objects().await?;
                 }
                 // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still
                 // finalize it once more, and then need not ask the service again.
-                remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS).await?;
+                self.timed(
+                    teardown_stage::FINALIZERS,
+                    remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS),
+                )
+                .await?;
                 // Finalizing follows a deletion request (the cached copy's or this pass's own): it is gone now.
                 self.ctx.runner_memory.finalized(&self.uid);
+                self.ctx
+                    .metrics
+                    .teardown(teardown_stage::PASS, pass.elapsed());
                 Ok(Action::await_change())
             }
         }
