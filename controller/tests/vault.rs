@@ -272,7 +272,14 @@ async fn a_set_whose_credentials_live_only_in_the_vault_gets_its_scale_set() {
         tokens.iter().all(|t| t.outcome.is_ok()),
         "every assertion the manager sent was valid: {tokens:?}"
     );
-    let reads = azure.fake.vault_requests();
+    // Each vault client first asks for the vault's authentication challenge (no token, answered 401), which
+    // names the token's scope; every secret read after it carries a valid token.
+    let (challenges, reads): (Vec<_>, Vec<_>) = azure
+        .fake
+        .vault_requests()
+        .into_iter()
+        .partition(|r| r.secret == vault::constants::KEY_VAULT_CHALLENGE_PROBE);
+    assert!(!challenges.is_empty() && challenges.iter().all(|r| r.status == 401));
     assert!(
         reads.iter().all(|r| r.token_valid && r.status == 200),
         "{reads:?}"

@@ -82,6 +82,13 @@ impl ClientCertificate {
             path: path.to_owned(),
             reason: reason.to_owned(),
         };
+        // Binary DER (a SEQUENCE's first byte) is what a .pfx file holds, which ARC reads and this client does not.
+        if pem_text.first() == Some(&0x30) {
+            return Err(fail(
+                "the file is binary DER, likely a .pfx (PKCS#12) file; convert it to PEM once with \
+                 `openssl pkcs12 -in <file> -out <file>.pem -nodes` (docs/configuration.md)",
+            ));
+        }
         // The parser's own error could quote file content; say only that the file is not PEM.
         let blocks = pem::parse_many(pem_text).map_err(|_| {
             fail("the file is not PEM text (expected CERTIFICATE and PRIVATE KEY blocks)")

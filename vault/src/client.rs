@@ -15,7 +15,7 @@ use url::Url;
 use crate::certificate::{ClientCertificate, new_jti};
 use crate::constants::{
     AUTHORITY_HOST_ENV, CLIENT_ASSERTION_TYPE, DEFAULT_AUTHORITY_HOST, DEFAULT_CALL_TIMEOUT,
-    KEY_VAULT_API_VERSION, KEY_VAULT_SCOPE, TOKEN_REFRESH_MARGIN,
+    KEY_VAULT_API_VERSION, KEY_VAULT_CHALLENGE_PROBE, KEY_VAULT_RESOURCES, TOKEN_REFRESH_MARGIN,
 };
 use crate::error::{Error, Result, TokenRejection, rejection_hint};
 
@@ -48,8 +48,9 @@ impl From<&AzureKeyVaultConfig> for KeyVaultSettings {
 pub struct Options {
     /// Entra ID authority host (`https://login.microsoftonline.com/` in Azure's public cloud).
     pub authority_host: String,
-    /// OAuth scope of the token (Key Vault's data plane).
-    pub scope: String,
+    /// OAuth scope of the token. `None` (the default): the one the vault's authentication challenge names, as
+    /// Azure's SDKs do, so a vault in any cloud works; `Some`: this one, without asking.
+    pub scope: Option<String>,
     /// Deadline of each call, connecting included.
     pub call_timeout: Duration,
     /// Proxy for both the token endpoint and the vault (`vaultConfig.proxy`, credentials already resolved).
@@ -62,7 +63,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             authority_host: DEFAULT_AUTHORITY_HOST.to_owned(),
-            scope: KEY_VAULT_SCOPE.to_owned(),
+            scope: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             proxy: ProxyConfig::Environment,
             extra_root_certificates: None,
@@ -99,7 +100,8 @@ pub struct KeyVaultClient {
     settings: KeyVaultSettings,
     vault: String,
     token_endpoint: String,
-    scope: String,
+    /// The token's scope, once known (from the options, or the vault's challenge).
+    scope: std::sync::Mutex<Option<String>>,
     call_timeout: Duration,
     http: reqwest::Client,
     token: tokio::sync::Mutex<Option<CachedToken>>,
@@ -179,7 +181,7 @@ impl KeyVaultClient {
             settings,
             vault,
             token_endpoint,
-            scope: options.scope,
+            scope: std::sync::Mutex::new(options.scope),
             call_timeout: options.call_timeout,
             http,
             token: tokio::sync::Mutex::new(None),
@@ -306,7 +308,73 @@ impl KeyVaultClient {
         *self.token.lock().await = None;
     }
 
+    /// The scope to ask tokens for: the one known, else the one the vault's authentication challenge names (a
+    /// request without a token, answered 401 with `WWW-Authenticate: Bearer ... resource="..."` or `scope="..."`),
+    /// checked by [`challenge_scope`].
+    async fn scope(&self) -> Result<String> {
+        if let Some(scope) = self
+            .scope
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(scope);
+        }
+        let url = format!(
+            "{}/secrets/{KEY_VAULT_CHALLENGE_PROBE}?api-version={KEY_VAULT_API_VERSION}",
+            self.vault
+        );
+        let request = self
+            .http
+            .get(&url)
+            .header(reqwest::header::ACCEPT, "application/json");
+        let exchange = async {
+            let response = request.send().await.map_err(|e| describe(&e))?;
+            let status = response.status();
+            let challenge = response
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            Ok::<_, String>((status, challenge))
+        };
+        let (status, challenge) = tokio::time::timeout(self.call_timeout, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no answer within {} s",
+                    self.call_timeout.as_secs_f64()
+                ))
+            })
+            .map_err(|reason| Error::ReadSecret {
+                vault: self.vault.clone(),
+                name: format!("{KEY_VAULT_CHALLENGE_PROBE} (the authentication challenge)"),
+                reason,
+            })?;
+        let challenge = challenge.filter(|_| status.as_u16() == 401).ok_or_else(|| {
+            Error::ReadChallenge {
+                vault: self.vault.clone(),
+                reason: format!(
+                    "a request without a token was answered {status} without an authentication challenge; \
+                     is the URL a Key Vault's?"
+                ),
+            }
+        })?;
+        let scope =
+            challenge_scope(&self.vault, &challenge).map_err(|reason| Error::ReadChallenge {
+                vault: self.vault.clone(),
+                reason,
+            })?;
+        tracing::debug!(vault = %self.vault, %scope, "the vault's challenge names the token scope");
+        *self
+            .scope
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(scope.clone());
+        Ok(scope)
+    }
+
     async fn request_token(&self) -> Result<(SecretString, Duration)> {
+        let scope = self.scope().await?;
         let certificate = ClientCertificate::load(&self.settings.certificate_path).await?;
         let assertion = certificate.assertion(
             &self.settings.client_id,
@@ -316,7 +384,7 @@ impl KeyVaultClient {
         )?;
         let form = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("client_id", &self.settings.client_id)
-            .append_pair("scope", &self.scope)
+            .append_pair("scope", &scope)
             .append_pair("grant_type", "client_credentials")
             .append_pair("client_assertion_type", CLIENT_ASSERTION_TYPE)
             .append_pair("client_assertion", &assertion)
@@ -391,6 +459,55 @@ impl KeyVaultClient {
                     self.call_timeout.as_secs_f64()
                 ))
             })
+    }
+}
+
+/// The token scope a Key Vault authentication challenge (`WWW-Authenticate` of a 401) names for `vault`: its
+/// `scope` parameter, else its `resource` with `/.default`. Refused unless the resource is one of Azure's Key Vault
+/// resources ([`KEY_VAULT_RESOURCES`]) or the vault's host lies within it: a vault URL must not get the client
+/// to ask for a token to another service.
+pub fn challenge_scope(vault: &str, challenge: &str) -> Result<String, String> {
+    let params = challenge
+        .trim()
+        .strip_prefix("Bearer")
+        .or_else(|| challenge.trim().strip_prefix("bearer"))
+        .ok_or_else(|| format!("the challenge is not a Bearer one: {challenge:?}"))?;
+    let param = |key: &str| {
+        params.split(',').find_map(|pair| {
+            let (name, value) = pair.split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case(key)
+                .then(|| value.trim().trim_matches('"').to_owned())
+        })
+    };
+    let scope = match (param("scope"), param("resource")) {
+        (Some(scope), _) if !scope.is_empty() => scope,
+        (_, Some(resource)) if !resource.is_empty() => {
+            format!("{}/.default", resource.trim_end_matches('/'))
+        }
+        _ => {
+            return Err(format!(
+                "the challenge names no resource or scope: {challenge:?}"
+            ));
+        }
+    };
+    let resource_host = Url::parse(&scope)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_ascii_lowercase))
+        .ok_or_else(|| format!("the challenge's scope {scope:?} is not a URL"))?;
+    let vault_host = Url::parse(vault)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_ascii_lowercase))
+        .unwrap_or_default();
+    let known = KEY_VAULT_RESOURCES.contains(&resource_host.as_str());
+    let within = vault_host == resource_host || vault_host.ends_with(&format!(".{resource_host}"));
+    if known || within {
+        Ok(scope)
+    } else {
+        Err(format!(
+            "the challenge asks for a token to {resource_host}, which is neither a Key Vault resource of Azure's \
+             clouds nor the vault's own domain; no token is requested"
+        ))
     }
 }
 

@@ -6,8 +6,22 @@ use std::time::Duration;
 pub const DEFAULT_AUTHORITY_HOST: &str = "https://login.microsoftonline.com/";
 /// Environment variable overriding the authority host (the one Azure's SDKs read).
 pub const AUTHORITY_HOST_ENV: &str = "AZURE_AUTHORITY_HOST";
-/// The OAuth scope of Azure Key Vault's data plane.
+/// The OAuth scope of Azure Key Vault's data plane in Azure's public cloud. The client asks the vault instead
+/// (its authentication challenge names the resource, as Azure's SDKs read it), so a vault in another cloud gets
+/// a token for its own.
 pub const KEY_VAULT_SCOPE: &str = "https://vault.azure.net/.default";
+/// The Key Vault resources of Azure's clouds (public, China, US Government, Germany): a challenge naming one of
+/// them is taken as it comes. Any other resource is taken only when the vault's host lies within it, so a vault URL
+/// cannot make the client ask for a token to another service.
+pub const KEY_VAULT_RESOURCES: [&str; 4] = [
+    "vault.azure.net",
+    "vault.azure.cn",
+    "vault.usgovcloudapi.net",
+    "vault.microsoftazure.de",
+];
+/// The secret name of the request that asks the vault for its authentication challenge: sent without a token,
+/// it is answered with the challenge before any name is looked up.
+pub const KEY_VAULT_CHALLENGE_PROBE: &str = "arc-rs-challenge";
 /// The Key Vault REST API version of the "get secret" call.
 pub const KEY_VAULT_API_VERSION: &str = "7.4";
 /// `client_assertion_type` of a JWT-bearer client assertion (RFC 7523).

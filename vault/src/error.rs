@@ -78,6 +78,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// The vault's authentication challenge was missing or named a resource the client does not ask tokens for.
+    #[error("read the authentication challenge of Azure Key Vault {vault}: {reason}")]
+    ReadChallenge {
+        /// The vault URL.
+        vault: String,
+        /// What was wrong with the answer (never a token).
+        reason: String,
+    },
+
     /// The vault has no (enabled) secret by that name.
     #[error("read secret {name} from Azure Key Vault {vault}: the secret does not exist ({code})")]
     SecretNotFound {
@@ -159,7 +168,9 @@ impl Error {
     /// The condition reason for this failure (one of [`crate::constants::reasons`]).
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::CheckSettings { .. } | Self::BuildHttpClient { .. } => reasons::CONFIG_INVALID,
+            Self::CheckSettings { .. }
+            | Self::BuildHttpClient { .. }
+            | Self::ReadChallenge { .. } => reasons::CONFIG_INVALID,
             Self::ReadCertificate { .. } => reasons::CERTIFICATE_UNREADABLE,
             Self::ParseCertificate { .. } | Self::SignClientAssertion { .. } => {
                 reasons::CERTIFICATE_INVALID

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use actions_client::{ProxyConfig, ProxyServer, ProxySettings};
 use crds::appconfig::{CredentialsProblem, GitHubCredentials};
-use fake_azure::{FakeAzure, Registration};
+use fake_azure::{FakeAzure, Registration, VaultRequest};
 use vault::certificate::{ClientCertificate, new_jti};
-use vault::constants::reasons;
+use vault::constants::{KEY_VAULT_CHALLENGE_PROBE, reasons};
 use vault::{Error, KeyVaultClient, KeyVaultSettings, Options};
 
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
@@ -98,6 +98,16 @@ impl World {
 }
 
 /// The error, after checking that its message carries no secret.
+/// The vault requests that read a secret, without the one that asked for the authentication challenge.
+fn secret_reads(world: &World) -> Vec<VaultRequest> {
+    world
+        .fake
+        .vault_requests()
+        .into_iter()
+        .filter(|r| r.secret != KEY_VAULT_CHALLENGE_PROBE)
+        .collect()
+}
+
 fn failure<T: std::fmt::Debug>(result: Result<T, Error>) -> Error {
     let err = result.expect_err("expected an error");
     let text = format!("{err} {err:?}");
@@ -136,12 +146,53 @@ async fn credentials_come_from_the_vault_and_the_token_is_reused() {
     assert_eq!(claims["aud"], client.token_endpoint());
     assert_eq!(claims["iss"], CLIENT);
     assert_eq!(claims["sub"], CLIENT);
+    // The scope is the one the vault's challenge named, asked once, without a token, before the first token.
+    assert_eq!(tokens[0].scope, "https://vault.azure.net/.default");
     let vault = world.fake.vault_requests();
-    assert_eq!(vault.len(), 2);
+    assert_eq!(vault.len(), 3, "{vault:?}");
     assert!(
-        vault.iter().all(|r| r.token_valid && r.status == 200),
+        vault[0].secret == KEY_VAULT_CHALLENGE_PROBE
+            && !vault[0].token_valid
+            && vault[0].status == 401,
         "{vault:?}"
     );
+    assert!(
+        vault[1..].iter().all(|r| r.token_valid && r.status == 200),
+        "{vault:?}"
+    );
+}
+
+/// A vault of another cloud names its own Key Vault resource in its challenge, and only tokens for that resource
+/// open it: the client asks for that scope (Azure's SDKs do the same), not the public cloud's.
+#[tokio::test]
+async fn a_vault_in_another_cloud_gets_a_token_for_its_own_resource() {
+    let world = world().await;
+    world.fake.set_vault_resource("https://vault.azure.cn");
+    let client = world.client();
+    client
+        .github_credentials(SECRET_NAME)
+        .await
+        .expect("reads from the other cloud's vault");
+    let tokens = world.fake.token_requests();
+    assert_eq!(tokens.len(), 1);
+    assert_eq!(tokens[0].scope, "https://vault.azure.cn/.default");
+    assert_eq!(tokens[0].outcome, Ok(0));
+}
+
+/// A challenge that names another service's resource (here Azure's management API) is refused before any token
+/// is requested: a vault URL must not make the client fetch a token it would then send to that URL.
+#[tokio::test]
+async fn a_challenge_for_another_service_is_refused_before_any_token_request() {
+    let world = world().await;
+    world
+        .fake
+        .set_vault_resource("https://management.azure.com");
+    let err = failure(world.client().secret(SECRET_NAME).await);
+    assert!(matches!(err, Error::ReadChallenge { .. }), "{err:?}");
+    assert_eq!(err.reason(), reasons::CONFIG_INVALID);
+    assert!(err.to_string().contains("management.azure.com"), "{err}");
+    assert!(world.fake.token_requests().is_empty());
+    assert!(secret_reads(&world).is_empty());
 }
 
 #[tokio::test]
@@ -179,7 +230,7 @@ async fn a_short_lived_token_is_replaced_before_it_expires() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     client.secret(SECRET_NAME).await.expect("reads");
     assert_eq!(world.fake.token_requests().len(), 2);
-    assert!(world.fake.vault_requests().iter().all(|r| r.token_valid));
+    assert!(secret_reads(&world).iter().all(|r| r.token_valid));
 }
 
 #[tokio::test]
@@ -192,12 +243,7 @@ async fn a_revoked_token_is_replaced_once() {
         .secret(SECRET_NAME)
         .await
         .expect("reads with a fresh token");
-    let statuses: Vec<u16> = world
-        .fake
-        .vault_requests()
-        .iter()
-        .map(|r| r.status)
-        .collect();
+    let statuses: Vec<u16> = secret_reads(&world).iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 401, 200]);
     assert_eq!(world.fake.token_requests().len(), 2);
 }
@@ -223,7 +269,8 @@ async fn the_proxy_carries_both_calls() {
         .expect("reads through the proxy");
     let seen = proxy.requests();
     assert!(
-        seen[0].starts_with(&format!("CONNECT {}:{port} ", fake_azure::LOGIN_HOST)),
+        seen.iter()
+            .any(|h| h.starts_with(&format!("CONNECT {}:{port} ", fake_azure::LOGIN_HOST))),
         "{seen:?}"
     );
     assert!(
@@ -282,7 +329,7 @@ async fn an_unregistered_certificate_is_rejected_by_its_thumbprint() {
     assert_eq!(rejection(&err), [700027]);
     assert_eq!(err.reason(), reasons::AUTHENTICATION_FAILED);
     assert!(err.to_string().contains("upload this certificate"), "{err}");
-    assert!(world.fake.vault_requests().is_empty());
+    assert!(secret_reads(&world).is_empty());
 }
 
 #[tokio::test]
@@ -517,14 +564,14 @@ async fn unreachable_endpoints_are_transient_and_say_which() {
     assert!(matches!(err, Error::ReadSecret { .. }), "{err:?}");
     assert_eq!(err.reason(), reasons::UNREACHABLE);
 
-    // A server whose certificate is not trusted is not talked to.
+    // A server whose certificate is not trusted is not talked to (the vault, asked first for its challenge).
     let err = failure(
         world
             .client_with(|_, o| o.extra_root_certificates = None)
             .secret(SECRET_NAME)
             .await,
     );
-    assert!(matches!(err, Error::RequestToken { .. }), "{err:?}");
+    assert!(matches!(err, Error::ReadSecret { .. }), "{err:?}");
     assert!(
         err.to_string().to_lowercase().contains("certificate"),
         "{err}"

@@ -7,7 +7,8 @@
 //! certificate's public key, and its claims (`aud` = this endpoint, `iss` = `sub` = client ID, `exp`, `nbf`, a
 //! `jti` never seen before), and answers with an opaque token or with an OAuth error carrying the AADSTS code
 //! Entra ID uses. The vault (`GET /secrets/{name}?api-version=7.4`) accepts only unexpired tokens it issued and
-//! answers like Key Vault: the latest version, 404 `SecretNotFound`, 403 `Forbidden`, 401 with a challenge.
+//! answers like Key Vault: the latest version, 404 `SecretNotFound`, 403 `Forbidden`, 401 with a challenge that
+//! names the cloud's Key Vault resource, the only one the token endpoint then issues tokens for.
 //!
 //! Everything it saw is recorded for assertions. Verification uses jsonwebtoken, independently of the signing
 //! code under test.
@@ -21,8 +22,11 @@ pub use proxy::ConnectProxy;
 pub use server::FakeAzure;
 pub use state::{Registration, TokenRequest, VaultRequest};
 
-/// The scope the token endpoint accepts (Key Vault's).
+/// The scope the token endpoint accepts by default (Key Vault's in Azure's public cloud).
 pub const KEY_VAULT_SCOPE: &str = "https://vault.azure.net/.default";
+/// The resource the vault's challenge names by default (Azure's public cloud); another cloud's with
+/// [`FakeAzure::set_vault_resource`].
+pub const PUBLIC_VAULT_RESOURCE: &str = "https://vault.azure.net";
 /// The API version the vault accepts.
 pub const API_VERSION: &str = "7.4";
 /// Host names the serving certificate covers besides `localhost` and 127.0.0.1; reachable only through

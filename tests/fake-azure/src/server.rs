@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::state::{Registration, State, TokenRequest, VaultRequest};
-use crate::{API_VERSION, Error, KEY_VAULT_SCOPE};
+use crate::{API_VERSION, Error};
 
 const ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 /// Clock skew Entra ID tolerates on `nbf`/`exp`.
@@ -115,6 +115,12 @@ impl FakeAzure {
         lock(&self.shared).token_lifetime = lifetime;
     }
 
+    /// Serves as a vault of another cloud (or a resource a client must refuse): the challenge names `resource`
+    /// (`https://vault.azure.cn`), and the token endpoint issues tokens for `<resource>/.default` only.
+    pub fn set_vault_resource(&self, resource: &str) {
+        lock(&self.shared).vault_resource = resource.to_owned();
+    }
+
     /// Invalidates every issued token (the vault then answers 401 to them).
     pub fn revoke_tokens(&self) {
         lock(&self.shared).tokens.clear();
@@ -166,6 +172,7 @@ async fn token(
         tenant_id: tenant.clone(),
         client_id: client_id.clone(),
         assertion: field("client_assertion"),
+        scope: field("scope"),
         header: None,
         claims: None,
         outcome: Err(String::new()),
@@ -224,7 +231,7 @@ fn check_token_request(
             "The app requested an unsupported grant type.".into(),
         );
     }
-    if field("scope") != KEY_VAULT_SCOPE {
+    if field("scope") != format!("{}/.default", state.vault_resource) {
         return bad(
             "invalid_scope",
             70011,
@@ -382,8 +389,14 @@ async fn secret(
             "Unauthorized",
             "AKV10000: Request is missing a Bearer or PoP token.".into(),
         );
-        if let Ok(value) = "Bearer authorization=\"https://login.microsoftonline.com/common\", resource=\"https://vault.azure.net\"".parse() {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+        let challenge = format!(
+            "Bearer authorization=\"https://login.microsoftonline.com/common\", resource=\"{}\"",
+            state.vault_resource
+        );
+        if let Ok(value) = challenge.parse() {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
         }
         response
     } else if state.denied.contains(&name) {

@@ -23,6 +23,8 @@ pub struct TokenRequest {
     pub client_id: String,
     /// The raw client assertion (for log scans: it must appear nowhere).
     pub assertion: String,
+    /// `scope` form field.
+    pub scope: String,
     /// The assertion's decoded header and claims, when it decoded.
     pub header: Option<serde_json::Value>,
     /// See `header`.
@@ -55,6 +57,9 @@ pub(crate) struct State {
     pub denied: HashSet<String>,
     pub token_requests: Vec<TokenRequest>,
     pub vault_requests: Vec<VaultRequest>,
+    /// The resource the vault's challenge names and the token endpoint issues tokens for (the cloud's Key Vault
+    /// resource).
+    pub vault_resource: String,
 }
 
 impl Default for State {
@@ -69,6 +74,7 @@ impl Default for State {
             denied: HashSet::new(),
             token_requests: Vec::new(),
             vault_requests: Vec::new(),
+            vault_resource: crate::PUBLIC_VAULT_RESOURCE.to_owned(),
         }
     }
 }

@@ -157,3 +157,17 @@ fn jti_values_are_fresh_uuids() {
     assert_eq!(a.len(), 36);
     assert_eq!(a.as_bytes()[14], b'4');
 }
+
+#[test]
+fn a_pfx_file_is_named_with_how_to_convert_it() {
+    // A PKCS#12 file is DER: it starts with a SEQUENCE (0x30), here with a certificate's DER as a stand-in.
+    let (_, _, der) = rsa_certificate("pfx");
+    let Err(error) = ClientCertificate::parse(Path::new("/etc/vault/cert.pfx"), &der) else {
+        panic!("a DER file parsed as PEM");
+    };
+    let text = error.to_string();
+    assert!(
+        text.contains(".pfx") && text.contains("openssl pkcs12"),
+        "{text}"
+    );
+}

@@ -216,3 +216,61 @@ fn proxy_credentials_are_a_json_object_of_strings() {
         }
     }
 }
+
+#[test]
+fn the_challenge_names_the_scope_of_the_vaults_own_cloud() {
+    let scope = |vault: &str, challenge: &str| challenge_scope(vault, challenge);
+    assert_eq!(
+        scope(
+            "https://x.vault.azure.net",
+            r#"Bearer authorization="https://login.microsoftonline.com/t", resource="https://vault.azure.net""#
+        ),
+        Ok("https://vault.azure.net/.default".to_owned())
+    );
+    assert_eq!(
+        scope(
+            "https://x.vault.azure.cn",
+            r#"Bearer authorization="https://login.chinacloudapi.cn/t", resource="https://vault.azure.cn/""#
+        ),
+        Ok("https://vault.azure.cn/.default".to_owned())
+    );
+    // A `scope` parameter wins over `resource`.
+    assert_eq!(
+        scope(
+            "https://x.vault.usgovcloudapi.net",
+            r#"Bearer resource="https://ignored", scope="https://vault.usgovcloudapi.net/.default""#
+        ),
+        Ok("https://vault.usgovcloudapi.net/.default".to_owned())
+    );
+    // A private cloud's vault, within the resource's domain.
+    assert_eq!(
+        scope(
+            "https://x.vault.azurestack.example",
+            r#"Bearer resource="https://vault.azurestack.example""#
+        ),
+        Ok("https://vault.azurestack.example/.default".to_owned())
+    );
+}
+
+#[test]
+fn a_challenge_for_another_service_or_without_a_resource_is_refused() {
+    let refused = |vault: &str, challenge: &str| challenge_scope(vault, challenge).is_err();
+    assert!(refused(
+        "https://x.vault.azure.net",
+        r#"Bearer resource="https://management.azure.com""#
+    ));
+    assert!(refused(
+        "https://x.vault.azure.net",
+        r#"Bearer scope="https://graph.microsoft.com/.default""#
+    ));
+    // A name that merely ends like the resource is not within its domain.
+    assert!(refused(
+        "https://evilvault.example",
+        r#"Bearer resource="https://vault.example""#
+    ));
+    assert!(refused(
+        "https://x.vault.azure.net",
+        r#"Bearer authorization="https://login""#
+    ));
+    assert!(refused("https://x.vault.azure.net", r#"Basic realm="x""#));
+}
