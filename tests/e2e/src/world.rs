@@ -314,6 +314,12 @@ impl World {
 
     /// Starts the manager, in-process or as a process (a no-op when it runs).
     pub fn try_start_manager(&self) -> Result<()> {
+        self.try_start_manager_with(|_| {})
+    }
+
+    /// [`World::try_start_manager`] with `adjust` applied to the in-process manager's options after the world's
+    /// (e.g. another build version, as an upgraded manager has).
+    pub fn try_start_manager_with(&self, adjust: impl FnOnce(&mut Options)) -> Result<()> {
         let mut slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_some() {
             return Ok(());
@@ -321,7 +327,9 @@ impl World {
         *slot = Some(match &self.manager_binary {
             None => {
                 let shutdown = CancellationToken::new();
-                let manager = Manager::new(self.manager_credentials.client.clone(), self.options());
+                let mut options = self.options();
+                adjust(&mut options);
+                let manager = Manager::new(self.manager_credentials.client.clone(), options);
                 let task = tokio::spawn(manager.run(shutdown.clone()));
                 RunningManager::Task { shutdown, task }
             }

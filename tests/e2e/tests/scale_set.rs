@@ -418,3 +418,80 @@ async fn injected_service_faults_lose_no_job() {
     );
     verify(world, 0, &[]).await;
 }
+
+/// An upgrade of arc-rs itself to its next minor while jobs run, in the documented order (docs/versioning.md): the
+/// controller first (its chart's CRDs applied again server-side, the manager replaced by one of the next minor),
+/// the scale-set releases later. The sets still carry this release's version label, which the next minor accepts
+/// as its previous one: nothing is deleted or re-created (the AutoscalingRunnerSet, its EphemeralRunnerSet and the
+/// scale set on the service keep their identities), and every job runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upgrade_to_the_next_minor_mid_flight_keeps_every_set_and_job() {
+    use crds::{AutoscalingRunnerSet, EphemeralRunnerSet};
+    let world = world(
+        "e2e-upgrade",
+        WorldConfig {
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(3),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    let release = world.release.clone();
+    let sets = Api::<AutoscalingRunnerSet>::namespaced(world.client(), world.namespace());
+    let runner_sets = Api::<EphemeralRunnerSet>::namespaced(world.client(), world.namespace());
+    let identities = || async {
+        let set = sets.get(&release).await.expect("the set");
+        let runner_set = runner_sets.get(&release).await.expect("its runner set");
+        (
+            set.uid(),
+            runner_set.uid(),
+            set.annotations().get("runner-scale-set-id").cloned(),
+        )
+    };
+    let before = identities().await;
+    world.enqueue(10).expect("enqueue");
+    wait_running(&world, 3).await;
+
+    world.stop_manager(false).await.expect("stop the manager");
+    test_harness::apply_crds(&world.client(), &crds::all_crds())
+        .await
+        .expect("the new CRDs, applied server-side");
+    let current = world.chart_version();
+    let mut parts = current.split('.');
+    let (major, minor) = (
+        parts.next().unwrap_or("0").to_owned(),
+        parts
+            .next()
+            .and_then(|m| m.parse::<u32>().ok())
+            .unwrap_or(0),
+    );
+    let next = format!("{major}.{}.0", minor + 1);
+    world
+        .try_start_manager_with(|options| options.build_version = next.clone())
+        .expect("the next minor's manager");
+    world.enqueue(5).expect("enqueue after the upgrade");
+    let ids = world.enqueued();
+    if let Err(error) = world.wait_jobs_completed(&ids, WAIT).await {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    assert_eq!(
+        identities().await,
+        before,
+        "the set, its runner set and the scale set kept their identities across {current} -> {next}"
+    );
+    let set = sets.get(&release).await.expect("the set");
+    let refused = set
+        .status
+        .as_ref()
+        .map(|status| {
+            status
+                .conditions
+                .iter()
+                .any(|c| c.reason == "VersionNotAccepted")
+        })
+        .unwrap_or_default();
+    assert!(!refused, "the next minor refused the set: {:?}", set.status);
+    verify(world, 0, &[]).await;
+}
