@@ -124,6 +124,18 @@ impl NodeWorld {
         max_runners: u32,
         runner: Value,
     ) -> Self {
+        Self::start_with_values(prefix, parts, min_runners, max_runners, runner, json!({})).await
+    }
+
+    /// [`NodeWorld::start`] with scale-set chart `values` on top of the world's (e.g. `minRunnersSchedules`).
+    pub async fn start_with_values(
+        prefix: &str,
+        parts: &NodeParts,
+        min_runners: u32,
+        max_runners: u32,
+        runner: Value,
+        values: Value,
+    ) -> Self {
         crate::init_test_tracing();
         let ctx = TestContext::new(prefix).await;
         test_harness::apply_crds(&ctx.client, &crds::all_crds())
@@ -183,7 +195,7 @@ impl NodeWorld {
                 _ => runner_container[key.as_str()] = value.clone(),
             }
         }
-        let values = json!({
+        let world_values = json!({
             "githubConfigUrl": config_url,
             "githubConfigSecret": {"github_token": "ghp_node"},
             "controllerServiceAccount": {"name": "arc-rs-controller", "namespace": controller_namespace},
@@ -222,6 +234,7 @@ impl NodeWorld {
         let rendered = Template::new(Chart::ScaleSet)
             .release(RELEASE)
             .namespace(&ctx.namespace)
+            .values(world_values)
             .values(values)
             .render()
             .expect("render the chart")

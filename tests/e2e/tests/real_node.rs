@@ -1114,3 +1114,35 @@ async fn a_runner_pod_no_node_fits_makes_the_set_say_runners_cannot_start() {
     world.uninstall_leaves_nothing().await;
     world.finish().await;
 }
+
+/// The listener in the project image evaluates a `minRunnersSchedules` window in a named time zone from the
+/// image's time zone database (as the Dockerfile's distroless base carries one; docs/configuration.md): a window
+/// open all day in Asia/Tokyo keeps one warm runner where `minRunners` is 0, and the set shows it in effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_zone_schedule_keeps_its_warm_runner_on_the_real_image() {
+    let Some(parts) = node_tier("e2e: a time-zone schedule on the real image") else {
+        return;
+    };
+    let _turn = TURN.lock().await;
+    let world = NodeWorld::start_with_values(
+        "node-tz",
+        &parts,
+        0,
+        2,
+        json!({}),
+        json!({"minRunnersSchedules": [{
+            "name": "all-day-tokyo",
+            "minRunners": 1,
+            "start": "00:00",
+            "duration": "24h",
+            "recurrence": "daily",
+            "timeZone": "Asia/Tokyo",
+        }]}),
+    )
+    .await;
+    world.wait_listening().await;
+    let idle = world.wait_idle(1).await;
+    eprintln!("the schedule's warm runner: {}", idle[0].name_any());
+    world.uninstall_leaves_nothing().await;
+    world.finish().await;
+}

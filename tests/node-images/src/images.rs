@@ -13,6 +13,8 @@ use crate::{Error, Result};
 /// Where the host keeps its CA bundle (Debian); copied into the project image as distroless ships one.
 const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const PATH_ENV: &str = "PATH=/usr/local/bin:/usr/bin:/bin";
+/// Where the host keeps its time zone database (Debian's tzdata); distroless ships the same files.
+const HOST_ZONEINFO: &str = "/usr/share/zoneinfo";
 
 /// The project image as the Dockerfile describes it: `/manager` (the entrypoint), `/ghalistener` and its
 /// alias `/listener`, running as the distroless nonroot user.
@@ -25,6 +27,7 @@ pub fn project_image(manager: &Path, listener: &Path) -> Result<ImageSpec> {
         LISTENER_PATH.trim_start_matches('/'),
     );
     ca_bundle(&mut rootfs)?;
+    zoneinfo(&mut rootfs, Path::new(HOST_ZONEINFO))?;
     Ok(ImageSpec {
         reference: PROJECT_IMAGE.to_owned(),
         entrypoint: vec![MANAGER_PATH.to_owned()],
@@ -46,6 +49,29 @@ fn ca_bundle(rootfs: &mut Rootfs) -> Result<()> {
             HOST_CA_BUNDLE.trim_start_matches('/'),
             0o644,
         )?;
+    }
+    Ok(())
+}
+
+/// The host's time zone database (`dir` and below), as distroless ships one: the listener reads it for
+/// `minRunnersSchedules` windows in a named time zone. Links are copied as the files they lead to.
+fn zoneinfo(rootfs: &mut Rootfs, dir: &Path) -> Result<()> {
+    let unreadable = |path: &Path, source: std::io::Error| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        let entries = std::fs::read_dir(&current).map_err(|e| unreadable(&current, e))?;
+        for entry in entries {
+            let path = entry.map_err(|e| unreadable(&current, e))?.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.is_file() {
+                let at = path.to_string_lossy().trim_start_matches('/').to_owned();
+                rootfs.copy(&path, &at, 0o644)?;
+            }
+        }
     }
     Ok(())
 }
