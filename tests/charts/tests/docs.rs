@@ -56,7 +56,7 @@ fn anchors(page: &Path) -> BTreeSet<String> {
         if let Some(heading) = line.strip_prefix('#') {
             let heading = heading.trim_start_matches('#');
             if heading.starts_with(' ') {
-                anchors.insert(anchor(&heading.replace('`', "").replace('*', "")));
+                anchors.insert(anchor(&heading.replace(['`', '*'], "")));
             }
         }
     }
