@@ -286,15 +286,21 @@ impl<'a> Step<'a> {
 
     /// A changed spec or label set makes the phase `Pending` until the next full pass
     /// (docs/reference/controllers.md, "ARS reconcile", step 4).
+    ///
+    /// The status goes first, the hash second: the watch brings one object's versions in order, so any copy that
+    /// shows the hash also shows the phase this write left. The other order let the next pass (started by the
+    /// hash's event) see the new hash beside the old phase, and a phase `Outdated` from ARC 0.14 then parked the
+    /// set for good, as the phase's own event is a status change this controller does not wake for (the CI run
+    /// of `a_set_arc_0_14_parked_as_outdated_is_served_again_with_a_new_scale_set` under load).
     async fn stamp_hash(&self, hash: &str) -> Result<()> {
+        let mut status = self.runner_set.status.clone().unwrap_or_default();
+        status.phase = phase::PENDING.to_owned();
+        self.apply_status(&status).await?;
         self.merge_patch(
             "integrity hash",
             json!({"metadata": {"annotations": {INTEGRITY_HASH_ANNOTATION: hash}}}),
         )
-        .await?;
-        let mut status = self.runner_set.status.clone().unwrap_or_default();
-        status.phase = phase::PENDING.to_owned();
-        self.apply_status(&status).await
+        .await
     }
 }
 
