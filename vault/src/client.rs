@@ -242,7 +242,7 @@ impl KeyVaultClient {
             .get(&url)
             .bearer_auth(token.expose_secret())
             .header(reqwest::header::ACCEPT, "application/json");
-        let (status, body) = self.call(request).await.map_err(fail)?;
+        let (status, _, body) = self.call(request).await.map_err(fail)?;
         if status.is_success() {
             let bundle: SecretBundle = serde_json::from_slice(&body).map_err(|_| {
                 fail(format!(
@@ -328,30 +328,19 @@ impl KeyVaultClient {
             .http
             .get(&url)
             .header(reqwest::header::ACCEPT, "application/json");
-        let exchange = async {
-            let response = request.send().await.map_err(|e| describe(&e))?;
-            let status = response.status();
-            let challenge = response
-                .headers()
-                .get(reqwest::header::WWW_AUTHENTICATE)
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_owned);
-            Ok::<_, String>((status, challenge))
-        };
-        let (status, challenge) = tokio::time::timeout(self.call_timeout, exchange)
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "no answer within {} s",
-                    self.call_timeout.as_secs_f64()
-                ))
-            })
-            .map_err(|reason| Error::ReadSecret {
-                vault: self.vault.clone(),
-                name: format!("{KEY_VAULT_CHALLENGE_PROBE} (the authentication challenge)"),
-                reason,
-            })?;
-        let challenge = challenge.filter(|_| status.as_u16() == 401).ok_or_else(|| {
+        let (status, headers, _) =
+            self.call(request)
+                .await
+                .map_err(|reason| Error::ReadSecret {
+                    vault: self.vault.clone(),
+                    name: format!("{KEY_VAULT_CHALLENGE_PROBE} (the authentication challenge)"),
+                    reason,
+                })?;
+        let challenge = headers
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(|value| value.to_str().ok())
+            .filter(|_| status.as_u16() == 401)
+            .ok_or_else(|| {
             Error::ReadChallenge {
                 vault: self.vault.clone(),
                 reason: format!(
@@ -361,7 +350,7 @@ impl KeyVaultClient {
             }
         })?;
         let scope =
-            challenge_scope(&self.vault, &challenge).map_err(|reason| Error::ReadChallenge {
+            challenge_scope(&self.vault, challenge).map_err(|reason| Error::ReadChallenge {
                 vault: self.vault.clone(),
                 reason,
             })?;
@@ -402,7 +391,7 @@ impl KeyVaultClient {
             )
             .header(reqwest::header::ACCEPT, "application/json")
             .body(form);
-        let (status, body) = self.call(request).await.map_err(fail)?;
+        let (status, _, body) = self.call(request).await.map_err(fail)?;
         if status.is_success() {
             let response: TokenResponse = serde_json::from_slice(&body)
                 .map_err(|_| fail(format!("status {status} with a body that is not JSON")))?;
@@ -444,12 +433,13 @@ impl KeyVaultClient {
     async fn call(
         &self,
         request: reqwest::RequestBuilder,
-    ) -> Result<(reqwest::StatusCode, Vec<u8>), String> {
+    ) -> Result<(reqwest::StatusCode, reqwest::header::HeaderMap, Vec<u8>), String> {
         let exchange = async {
             let response = request.send().await.map_err(|e| describe(&e))?;
             let status = response.status();
+            let headers = response.headers().clone();
             let body = response.bytes().await.map_err(|e| describe(&e))?;
-            Ok((status, body.to_vec()))
+            Ok((status, headers, body.to_vec()))
         };
         tokio::time::timeout(self.call_timeout, exchange)
             .await
