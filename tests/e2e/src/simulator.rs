@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use controller::relist::with_relist_deletions;
+use crds::EphemeralRunner;
 use crds::constants::{
     EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE, RUNNER_CONTAINER_NAME,
 };
@@ -558,6 +559,12 @@ impl PodRunner {
                 // A real runner with a consumed or revoked config fails to connect and exits non-zero.
                 self.patch_status(terminated_status(1, "Error", "runner could not connect"))
                     .await?;
+                // A runner (or pod) being taken away is deregistered before its pod goes: a container that
+                // started in between finds its config revoked, as it would on a kubelet, and its pod goes all
+                // the same. A config used twice is counted by the fake itself, whatever happens here.
+                if self.taken_away(pod).await {
+                    return Err(Stop::Deleted);
+                }
                 return Err(Stop::Broken(format!(
                     "the fake refused the runner's JIT config: {rejection}"
                 )));
@@ -631,6 +638,32 @@ impl PodRunner {
     fn record(&self, update: impl FnOnce(&mut PodRecord)) {
         if let Some(record) = self.shared.book().pods.get_mut(&self.uid) {
             update(record);
+        }
+    }
+
+    /// Whether the API server says the pod or the runner owning it is gone or being deleted (an answer it cannot
+    /// give counts as no).
+    async fn taken_away(&self, pod: &Pod) -> bool {
+        let namespace = pod.namespace().unwrap_or_default();
+        let going = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_some();
+        match self.pods.get_opt(&self.name).await {
+            Ok(None) => return true,
+            Ok(Some(current)) if going(&current.metadata) => return true,
+            Ok(Some(_)) => {}
+            Err(_) => return false,
+        }
+        let Some(owner) = pod
+            .owner_references()
+            .iter()
+            .find(|owner| owner.kind == "EphemeralRunner")
+        else {
+            return false;
+        };
+        let runners: Api<EphemeralRunner> = Api::namespaced(self.shared.client.clone(), &namespace);
+        match runners.get_opt(&owner.name).await {
+            Ok(None) => true,
+            Ok(Some(runner)) => going(&runner.metadata) || runner.uid() != Some(owner.uid.clone()),
+            Err(_) => false,
         }
     }
 
