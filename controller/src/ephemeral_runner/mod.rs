@@ -46,6 +46,10 @@ pub struct RunnerContext {
 }
 
 async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
+    if reconcile::teardown_lane(&runner, &ctx.base) {
+        // The teardown lane's runner (its pass would find so too): not worth waiting for its turn.
+        return Ok(Action::await_change());
+    }
     let _turn = ctx.passes.turn(&runner.uid().unwrap_or_default()).await;
     ctx.base
         .instrumented(
@@ -65,6 +69,10 @@ fn error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<RunnerCont
 pub const TEARDOWN_CONTROLLER: &str = "ephemeralrunner-teardown";
 
 async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
+    if !reconcile::teardown_lane(&runner, &ctx.base) {
+        // The main lane's runner: its pass would return at once, after waiting for the main lane's turn.
+        return Ok(Action::await_change());
+    }
     let _turn = ctx.passes.turn(&runner.uid().unwrap_or_default()).await;
     ctx.base
         .instrumented(

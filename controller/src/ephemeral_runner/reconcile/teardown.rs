@@ -180,7 +180,7 @@ impl Step<'_> {
     /// show), else one found by name.
     pub(super) async fn deregister(&self) -> Result<Removal> {
         let recorded = self.status().runner_id;
-        let in_secret = read_secret(&self.ctx.client, &self.namespace, &self.name)
+        let in_secret = read_secret(&self.client, &self.namespace, &self.name)
             .await?
             .and_then(|secret| read_jit_identity(&secret).ok())
             .map_or(0, |identity| identity.runner_id);
