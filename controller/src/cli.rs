@@ -72,6 +72,12 @@ pub struct Args {
     #[arg(long, default_value_t = Options::default().runner_teardown_concurrency)]
     pub runner_teardown_max_concurrent_reconciles: u16,
 
+    /// A PodDisruptionBudget per scale set keeps voluntary evictions (`kubectl drain`, the cluster autoscaler, node
+    /// upgrades) away from runners that hold a job, so a drain waits for the job (not in ARC). `false` deletes the
+    /// budgets this manager made.
+    #[arg(long, default_value_t = Options::default().protect_busy_runners, action = clap::ArgAction::Set)]
+    pub protect_busy_runners: bool,
+
     /// EphemeralRunnerSets reconciled concurrently.
     #[arg(long, default_value_t = Options::default().runner_set_concurrency)]
     pub runner_set_max_concurrent_reconciles: u16,
@@ -220,6 +226,7 @@ impl Args {
             runner_concurrency: self.runner_max_concurrent_reconciles,
             runner_teardown_concurrency: self.runner_teardown_max_concurrent_reconciles,
             runner_set_concurrency: self.runner_set_max_concurrent_reconciles,
+            protect_busy_runners: self.protect_busy_runners,
             runner_set_parallelism: self.runner_set_parallelism.max(1),
             actions_call_timeout: self.actions_call_timeout,
             runner_gauges: self.metrics_addr.trim() != "0",

@@ -391,6 +391,18 @@ impl Error {
         )
     }
 
+    /// Whether the API server refused an object request for lack of permission (403).
+    pub fn is_forbidden(&self) -> bool {
+        matches!(
+            self,
+            Self::CreateObject { source, .. }
+                | Self::DeleteObject { source, .. }
+                | Self::PatchObject { source, .. }
+                | Self::ReadObjects { source, .. }
+                if is_status(source, 403)
+        )
+    }
+
     /// A bounded label for metrics: the variant name, never the message.
     pub fn metric_label(&self) -> &'static str {
         match self {

@@ -31,6 +31,9 @@ pub struct Options {
     pub runner_teardown_concurrency: u16,
     /// How many EphemeralRunnerSets are reconciled at the same time.
     pub runner_set_concurrency: u16,
+    /// Whether each scale set gets a PodDisruptionBudget that keeps voluntary evictions away from its busy
+    /// runners (beyond ARC; docs/runner-lifecycle.md, "Drains wait for busy runners").
+    pub protect_busy_runners: bool,
     /// How many runner creations or deletions one EphemeralRunnerSet reconcile runs at the same time.
     pub runner_set_parallelism: usize,
     /// Version reported to GitHub (user agent) and put in the runner's extra user agent.
@@ -166,6 +169,7 @@ impl Default for Options {
             runner_concurrency: 64,
             runner_teardown_concurrency: 32,
             runner_set_concurrency: 8,
+            protect_busy_runners: true,
             runner_set_parallelism: 32,
             build_version: env!("CARGO_PKG_VERSION").to_owned(),
             actions_call_timeout: Duration::from_secs(30),

@@ -103,6 +103,8 @@ pub const COMPONENT_LISTENER: &str = "runner-scale-set-listener";
 pub const LISTENER_HEALTH_ADDR: &str = ":8080";
 /// [`COMPONENT_LABEL`] value on EphemeralRunners.
 pub const COMPONENT_RUNNER: &str = "runner";
+/// `app.kubernetes.io/component` of a set's PodDisruptionBudget for busy runners (beyond ARC).
+pub const COMPONENT_BUSY_RUNNERS_BUDGET: &str = "busy-runners-budget";
 /// `app.kubernetes.io/version`: read on the ARS for the version gate, copied to the ERS and AL.
 pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
 /// ARS name, on the objects derived from it.
@@ -130,6 +132,11 @@ pub const POD_TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
 pub const RUNNER_POD_LABEL: &str = "runner-pod";
 /// Never set; filtered out of label maps before hashing, as ARC does.
 pub const RUNNER_TEMPLATE_HASH_LABEL: &str = "runner-template-hash";
+/// Label and annotation on a busy runner's pod: the id of its job. Written by the manager with the job's other
+/// metadata; the set's disruption budget for busy runners selects pods by it (beyond ARC).
+pub const JOB_ID_KEY: &str = "actions.github.com/job-id";
+/// Name suffix of a set's PodDisruptionBudget for busy runners (`<set>-busy-runners`, beyond ARC).
+pub const BUSY_RUNNERS_BUDGET_SUFFIX: &str = "-busy-runners";
 
 // Containers and environment.
 

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use actions_client::{GitHubConfig, Label, Scope};
 use crds::constants::{
-    COMPONENT_LABEL, COMPONENT_LISTENER, COMPONENT_RUNNER_SET, INTEGRITY_HASH_ANNOTATION,
-    PART_OF_LABEL, PART_OF_VALUE, RUNNER_GROUP_NAME_ANNOTATION, RUNNER_SCALE_SET_ID_ANNOTATION,
-    RUNNER_SCALE_SET_NAME_ANNOTATION, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
-    VERSION_LABEL,
+    BUSY_RUNNERS_BUDGET_SUFFIX, COMPONENT_BUSY_RUNNERS_BUDGET, COMPONENT_LABEL, COMPONENT_LISTENER,
+    COMPONENT_RUNNER_SET, EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE,
+    INTEGRITY_HASH_ANNOTATION, JOB_ID_KEY, PART_OF_LABEL, PART_OF_VALUE,
+    RUNNER_GROUP_NAME_ANNOTATION, RUNNER_SCALE_SET_ID_ANNOTATION, RUNNER_SCALE_SET_NAME_ANNOTATION,
+    SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, VERSION_LABEL,
 };
 use crds::names::{github_url_labels, listener_name};
 use crds::{
@@ -17,7 +18,11 @@ use crds::{
     EphemeralRunnerSetSpec, EphemeralRunnerSpec,
 };
 use k8s_openapi::api::core::v1::LocalObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -238,6 +243,117 @@ pub fn desired_listener(
     })
 }
 
+/// The name of a set's PodDisruptionBudget for busy runners.
+pub fn busy_runners_budget_name(runner_set: &AutoscalingRunnerSet) -> String {
+    format!("{}{BUSY_RUNNERS_BUDGET_SUFFIX}", runner_set.name_any())
+}
+
+/// The PodDisruptionBudget that keeps voluntary evictions (a drain, the cluster autoscaler, a node upgrade) away
+/// from the set's busy runners (docs/runner-lifecycle.md, "Drains wait for busy runners"). It selects the set's
+/// runner pods that carry a job id, a label the manager writes with the job's other metadata, so idle runners
+/// are evicted at once and a pod whose job ended (it exits, and a finished pod is always evictable) needs no
+/// write. `minAvailable` is an integer no set reaches, so no selected pod may go: a percentage or
+/// `maxUnavailable` would make the disruption controller look for a scale subresource on the pods' owner, which
+/// an EphemeralRunner has not. A busy pod that is not Ready (its runner broken) may still be evicted.
+pub fn desired_busy_runners_budget(
+    runner_set: &AutoscalingRunnerSet,
+    owner: OwnerReference,
+    excluded_prefixes: &[String],
+) -> PodDisruptionBudget {
+    let selector = LabelSelector {
+        match_labels: Some(BTreeMap::from([
+            (
+                EPHEMERAL_RUNNER_LABEL.to_owned(),
+                EPHEMERAL_RUNNER_LABEL_VALUE.to_owned(),
+            ),
+            (SCALE_SET_NAME_LABEL.to_owned(), runner_set.name_any()),
+            (
+                SCALE_SET_NAMESPACE_LABEL.to_owned(),
+                runner_set.namespace().unwrap_or_default(),
+            ),
+        ])),
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: JOB_ID_KEY.to_owned(),
+            operator: "Exists".to_owned(),
+            values: None,
+        }]),
+    };
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(busy_runners_budget_name(runner_set)),
+            namespace: runner_set.namespace(),
+            labels: Some(child_labels(
+                runner_set,
+                COMPONENT_BUSY_RUNNERS_BUDGET,
+                excluded_prefixes,
+            )),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(i32::MAX)),
+            selector: Some(selector),
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".to_owned()),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// What a pass does about the busy runners' budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetStep {
+    Create,
+    /// The budget's spec differs (an older manager's, or edited by hand): replace the spec.
+    Update,
+    /// Protection is turned off (`--protect-busy-runners=false`): the set's own budget goes.
+    Delete,
+    /// A budget of that name that this set does not control: left alone, with a warning.
+    Foreign,
+    Nothing,
+}
+
+/// The step for the set's budget: `enabled` (the manager's flag), the budget found under its name (`existing`) and
+/// the one wanted; `owner_uid` is the set's.
+pub fn budget_step(
+    enabled: bool,
+    existing: Option<&PodDisruptionBudget>,
+    desired: &PodDisruptionBudget,
+    owner_uid: &str,
+) -> BudgetStep {
+    let Some(existing) = existing else {
+        return if enabled {
+            BudgetStep::Create
+        } else {
+            BudgetStep::Nothing
+        };
+    };
+    let ours = existing
+        .owner_references()
+        .iter()
+        .any(|owner| owner.controller == Some(true) && owner.uid == owner_uid);
+    match (ours, enabled) {
+        (false, _) => BudgetStep::Foreign,
+        (true, false) => BudgetStep::Delete,
+        (true, true) => {
+            let spec_same = existing.spec.as_ref().is_some_and(|have| {
+                let want = desired.spec.as_ref();
+                want.is_some_and(|want| {
+                    have.min_available == want.min_available
+                        && have.selector == want.selector
+                        && have.unhealthy_pod_eviction_policy == want.unhealthy_pod_eviction_policy
+                        && have.max_unavailable.is_none()
+                })
+            });
+            if spec_same {
+                BudgetStep::Nothing
+            } else {
+                BudgetStep::Update
+            }
+        }
+    }
+}
+
 /// Whether `existing` already is what `desired` describes: every desired label and annotation is present,
 /// the integrity hash of the spec included. The stored spec itself is not compared, since the API server
 /// applies schema defaults to it; labels or annotations others add (e.g. a mutating webhook) do not cause
@@ -397,5 +513,85 @@ mod tests {
         // The name changes with the runner group (ARC's rule).
         other.spec.runner_group = "gpu".into();
         assert_ne!(desired_listener_name(&other), desired_listener_name(&ars));
+    }
+
+    #[test]
+    fn the_busy_runners_budget_selects_the_sets_runner_pods_with_a_job_and_lets_none_go() {
+        let ars = runner_set();
+        let budget = desired_busy_runners_budget(&ars, owner(), &[]);
+        assert_eq!(
+            budget.metadata.name.as_deref(),
+            Some("arc-runner-set-busy-runners")
+        );
+        assert_eq!(budget.metadata.namespace.as_deref(), Some("arc-runners"));
+        assert_eq!(
+            budget.labels()[COMPONENT_LABEL],
+            COMPONENT_BUSY_RUNNERS_BUDGET
+        );
+        let spec = budget.spec.clone().unwrap();
+        // An integer: a percentage would need a scale subresource on the pods' owner.
+        assert_eq!(spec.min_available, Some(IntOrString::Int(i32::MAX)));
+        assert_eq!(spec.max_unavailable, None);
+        assert_eq!(
+            spec.unhealthy_pod_eviction_policy.as_deref(),
+            Some("AlwaysAllow")
+        );
+        let selector = spec.selector.unwrap();
+        let labels = selector.match_labels.unwrap();
+        assert_eq!(labels[SCALE_SET_NAME_LABEL], "arc-runner-set");
+        assert_eq!(labels[SCALE_SET_NAMESPACE_LABEL], "arc-runners");
+        assert_eq!(labels[EPHEMERAL_RUNNER_LABEL], EPHEMERAL_RUNNER_LABEL_VALUE);
+        let expressions = selector.match_expressions.unwrap();
+        assert_eq!(expressions.len(), 1);
+        assert_eq!(expressions[0].key, JOB_ID_KEY);
+        assert_eq!(expressions[0].operator, "Exists");
+    }
+
+    #[test]
+    fn the_budget_is_made_kept_repaired_or_removed_and_a_foreign_one_left_alone() {
+        let ars = runner_set();
+        let mine = owner();
+        let uid = mine.uid.clone();
+        let desired = desired_busy_runners_budget(&ars, mine, &[]);
+        assert_eq!(budget_step(true, None, &desired, &uid), BudgetStep::Create);
+        assert_eq!(
+            budget_step(false, None, &desired, &uid),
+            BudgetStep::Nothing
+        );
+        assert_eq!(
+            budget_step(true, Some(&desired), &desired, &uid),
+            BudgetStep::Nothing
+        );
+        assert_eq!(
+            budget_step(false, Some(&desired), &desired, &uid),
+            BudgetStep::Delete
+        );
+        let mut edited = desired.clone();
+        if let Some(spec) = edited.spec.as_mut() {
+            spec.min_available = Some(IntOrString::Int(1));
+        }
+        assert_eq!(
+            budget_step(true, Some(&edited), &desired, &uid),
+            BudgetStep::Update
+        );
+        let mut widened = desired.clone();
+        if let Some(spec) = widened.spec.as_mut() {
+            spec.max_unavailable = Some(IntOrString::Int(1));
+        }
+        assert_eq!(
+            budget_step(true, Some(&widened), &desired, &uid),
+            BudgetStep::Update
+        );
+        let mut foreign = desired.clone();
+        foreign.metadata.owner_references = None;
+        assert_eq!(
+            budget_step(true, Some(&foreign), &desired, &uid),
+            BudgetStep::Foreign
+        );
+        assert_eq!(
+            budget_step(false, Some(&foreign), &desired, &uid),
+            BudgetStep::Foreign,
+            "turning protection off never deletes what is not the set's"
+        );
     }
 }

@@ -42,7 +42,7 @@ pub const JOB_WORKFLOW_REF_ANNOTATION: &str = "actions.github.com/job-workflow-r
 /// Pod annotation and label: workflow run id.
 pub const WORKFLOW_RUN_ID_KEY: &str = "actions.github.com/workflow-run-id";
 /// Pod annotation and label: job id.
-pub const JOB_ID_KEY: &str = "actions.github.com/job-id";
+pub use crds::constants::JOB_ID_KEY;
 /// Pod annotation: job display name.
 pub const JOB_DISPLAY_NAME_ANNOTATION: &str = "actions.github.com/job-display-name";
 /// Pod label: repository owner of the job (label-safe).

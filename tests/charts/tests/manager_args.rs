@@ -36,6 +36,26 @@ fn the_default_render_parses_and_does_not_throttle() {
     let args = parse(&manager_args(Template::new(Chart::Controller)));
     assert_eq!(args.options().runner_concurrency, 64);
     assert!(!args.enable_leader_election);
+    assert!(args.options().protect_busy_runners);
+}
+
+#[test]
+fn busy_runners_are_protected_unless_the_values_say_false() {
+    for (value, protected) in [
+        (json!(true), true),
+        (json!(false), false),
+        (Value::Null, true),
+    ] {
+        let rendered = manager_args(
+            Template::new(Chart::Controller)
+                .values(json!({"flags": {"protectBusyRunners": value}})),
+        );
+        assert_eq!(
+            parse(&rendered).options().protect_busy_runners,
+            protected,
+            "flags.protectBusyRunners = {value}: {rendered:?}"
+        );
+    }
 }
 
 #[test]

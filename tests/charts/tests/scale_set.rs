@@ -1178,8 +1178,14 @@ fn create_manager_role() {
             "secrets",
             "serviceaccounts",
             "rolebindings",
-            "roles"
+            "roles",
+            "poddisruptionbudgets"
         ]
+    );
+    assert_eq!(
+        role["rules"][6],
+        json!({"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["create", "delete", "get", "patch"]}),
+        "the manager keeps the set's budget for busy runners"
     );
     assert_eq!(
         role["rules"][0],
@@ -1199,9 +1205,9 @@ fn create_manager_role_use_config_maps() {
         "test",
     ));
     let role = m.get("Role", &format!("{FULLNAME}-manager")).expect("role");
-    assert_eq!(role["rules"].as_array().map(Vec::len), Some(7));
+    assert_eq!(role["rules"].as_array().map(Vec::len), Some(8));
     assert_eq!(
-        role["rules"][6],
+        role["rules"][7],
         json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]})
     );
 }

@@ -337,6 +337,8 @@ pub struct ChaosReport {
     pub pods_deleted: u32,
     pub pods_evicted: u32,
     pub busy_pods_taken: u32,
+    /// Evictions the API server refused: busy runners, protected by their set's disruption budget.
+    pub evictions_refused: u32,
     /// Jobs that failed because their runner's pod was taken away (expected: once each).
     pub jobs_interrupted_on_purpose: usize,
     /// Runner template changes.
@@ -444,12 +446,14 @@ impl ChaosReport {
         }
         let _ = writeln!(
             out,
-            "pods taken away: {} deleted, {} evicted ({} busy; {} jobs failed with them); template changes: {} \
-             ({} pods after it, {} on the old template); JIT configs used twice: {}",
+            "pods taken away: {} deleted, {} evicted ({} busy; {} jobs failed with them; {} evictions of busy \
+             runners refused); template changes: {} ({} pods after it, {} on the old template); JIT configs used \
+             twice: {}",
             self.pods_deleted,
             self.pods_evicted,
             self.busy_pods_taken,
             self.jobs_interrupted_on_purpose,
+            self.evictions_refused,
             self.template_changes,
             self.pods_after_template_change,
             self.pods_on_old_template,
@@ -516,6 +520,7 @@ struct Tally {
     pods_deleted: u32,
     pods_evicted: u32,
     busy_pods_taken: u32,
+    evictions_refused: u32,
     /// When the set's runner template was seen changed.
     template_changed_at: Option<Timestamp>,
     problems: Vec<String>,
@@ -750,6 +755,7 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
         pods_deleted: tally.pods_deleted,
         pods_evicted: tally.pods_evicted,
         busy_pods_taken: tally.busy_pods_taken,
+        evictions_refused: tally.evictions_refused,
         jobs_interrupted_on_purpose: world.simulator.jobs_interrupted_on_purpose().len(),
         template_changes: u32::from(tally.template_changed_at.is_some()),
         pods_after_template_change: template.0,
@@ -1382,7 +1388,14 @@ async fn disruptions(run: &Run<'_>) {
             tally.pods_deleted > tally.pods_evicted
         };
         let result = if evict {
-            pods.evict(&name, &EvictParams::default()).await.map(drop)
+            // Answered as `kubectl drain` sees it: a refusal (429) comes back instead of being retried.
+            match world.ctx.control_plane.client_without_retries() {
+                Ok(client) => Api::<Pod>::namespaced(client, world.namespace())
+                    .evict(&name, &EvictParams::default())
+                    .await
+                    .map(drop),
+                Err(_) => continue,
+            }
         } else {
             pods.delete(&name, &DeleteParams::default()).await.map(drop)
         };
@@ -1400,6 +1413,17 @@ async fn disruptions(run: &Run<'_>) {
                     tally.pods_deleted += 1;
                 }
                 tally.busy_pods_taken += u32::from(busy);
+            }
+            // A busy runner's pod is protected by its set's disruption budget (docs/runner-lifecycle.md).
+            Err(kube::Error::Api(status)) if evict && status.code == 429 => {
+                world
+                    .simulator
+                    .deletion_refused(&pod.uid().unwrap_or_default());
+                run.event(&format!(
+                    "eviction of pod {name} refused ({})",
+                    if busy { "busy" } else { "idle" }
+                ));
+                run.tally().evictions_refused += 1;
             }
             Err(error) => run.event(&format!("taking pod {name} away failed: {error}")),
         }

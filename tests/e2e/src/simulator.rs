@@ -364,6 +364,11 @@ impl Simulator {
         self.shared.book().deletions_expected.insert(uid.to_owned());
     }
 
+    /// Takes back [`Simulator::expect_deletion`]: the deletion did not happen (an eviction refused).
+    pub fn deletion_refused(&self, uid: &str) {
+        self.shared.book().deletions_expected.remove(uid);
+    }
+
     /// Jobs that failed because a test deleted their runner's pod on purpose.
     pub fn jobs_interrupted_on_purpose(&self) -> BTreeSet<i64> {
         self.shared.book().jobs_interrupted_on_purpose.clone()

@@ -14,6 +14,7 @@ use crds::AutoscalingRunnerSet;
 use e2e::node_world::{NodeWorld, RELEASE, percentile};
 use fake_actions_service::JobState;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, EvictParams, ListParams};
 use kube::{Api, ResourceExt};
 use node_images::constants::env;
@@ -600,19 +601,24 @@ async fn a_runner_exiting_1_five_times_is_given_up_and_replaced() {
 ///   and a new job runs on a fresh runner.
 ///
 /// No JIT config is used twice; uninstalling leaves nothing. Prints the drain's figures.
+/// A drain as `kubectl drain` does it (cordon, then the Eviction API, retried while refused) with one busy and two
+/// idle runners on the node: the idle ones are evicted at once and their registrations removed, the busy one's
+/// eviction is refused while its job runs (the set's budget for busy runners, docs/runner-lifecycle.md), and the
+/// drain completes once the job has ended, successfully. Idle runners wait for the cordoned node, and come back
+/// when it is uncordoned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_recovers() {
+async fn a_drain_evicts_idle_runners_at_once_and_waits_for_the_busy_ones_job_to_succeed() {
     let Some(parts) = node_tier("e2e: node drained") else {
         return;
     };
     let _turn = TURN.lock().await;
-    // Jobs long enough to be running during the drain (the one after it is cancelled).
+    // Jobs long enough to be running during the drain's first evictions.
     let world = NodeWorld::start(
         "node-drain",
         &parts,
         2,
         4,
-        json!({"env": [{"name": env::JOB_MS, "value": "120000"}]}),
+        json!({"env": [{"name": env::JOB_MS, "value": "30000"}]}),
     )
     .await;
     world.wait_listening().await;
@@ -642,22 +648,51 @@ async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_r
             (idle.len() == 2 && running == 3).then_some(idle)
         })
         .await;
+    // The busy pod is protected once the manager labelled it and the disruption controller counted it.
+    let budgets = Api::<PodDisruptionBudget>::namespaced(world.client(), &world.ctx.namespace);
+    world
+        .eventually("the busy runner counted by its set's budget", || async {
+            let budget = budgets
+                .get_opt(&format!("{RELEASE}-busy-runners"))
+                .await
+                .ok()??;
+            let status = budget.status?;
+            (status.current_healthy == Some(1) && status.disruptions_allowed == Some(0))
+                .then_some(())
+        })
+        .await;
 
     world.set_node_unschedulable(true).await;
     let drained = world.pods_on_node().await;
     let drained_uids: BTreeSet<String> = drained.iter().filter_map(|p| p.uid()).collect();
     let evicted_at = std::time::Instant::now();
+    // As `kubectl drain` sees them: a refused eviction answered (429), not retried by the client.
+    let evictor = world
+        .ctx
+        .control_plane
+        .client_without_retries()
+        .expect("a client");
+    let mut refused = Vec::new();
     for pod in &drained {
-        Api::<Pod>::namespaced(world.client(), &self_namespace(pod))
+        match Api::<Pod>::namespaced(evictor.clone(), &self_namespace(pod))
             .evict(&pod.name_any(), &EvictParams::default())
             .await
-            .unwrap_or_else(|e| panic!("evicting {}: {e}", pod.name_any()));
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 429 => refused.push(pod.clone()),
+            Err(error) => panic!("evicting {}: {error}", pod.name_any()),
+        }
     }
-    eprintln!(
-        "cordoned and evicted {} pods (3 runners, 1 listener)",
-        drained.len()
+    let refused_names: Vec<String> = refused.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(
+        refused_names,
+        std::slice::from_ref(&busy_er),
+        "only the busy runner's eviction is refused"
     );
-
+    eprintln!(
+        "cordoned and evicted {} pods (2 idle runners, 1 listener); the busy runner's eviction refused",
+        drained.len() - 1
+    );
     world
         .eventually("the idle runners' registrations removed", || async {
             let registered = world.registered_runner_ids();
@@ -668,8 +703,43 @@ async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_r
         })
         .await;
     let idle_released = evicted_at.elapsed();
+
+    // As `kubectl drain` does: the refused eviction is tried again until it is allowed or the pod is gone.
+    let busy_pods = Api::<Pod>::namespaced(evictor.clone(), &self_namespace(&refused[0]));
+    let job_ended_before_eviction = world
+        .eventually(
+            "the busy runner's eviction allowed once its job ended",
+            || async {
+                match busy_pods.evict(&busy_er, &EvictParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(kube::Error::Api(status)) if status.code == 429 => return None,
+                    Err(error) => panic!("evicting {busy_er}: {error}"),
+                }
+                // Read after the eviction was allowed: a job still running then would be one the eviction stops.
+                Some(
+                    world
+                        .fake
+                        .state()
+                        .job(ids[0])
+                        .is_ok_and(|job| job.state == JobState::Completed),
+                )
+            },
+        )
+        .await;
+    let drain_done = evicted_at.elapsed();
+    let job = world.fake.state().job(ids[0]).expect("job");
+    assert_eq!(
+        (job.state, job.result.as_deref(), job.times_started),
+        (JobState::Completed, Some("succeeded"), 1),
+        "the busy runner's job ran to its end once: {job:?}"
+    );
+    assert!(
+        job_ended_before_eviction,
+        "the busy runner was evicted only after its job ended"
+    );
     world
-        .eventually("the busy runner deregistered and deleted", || async {
+        .eventually("the busy runner deregistered and gone", || async {
             let gone = !world
                 .ephemeral_runners()
                 .await
@@ -678,9 +748,8 @@ async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_r
             (gone && !world.registered_runner_ids().contains(&busy_runner)).then_some(())
         })
         .await;
-    let busy_gone = evicted_at.elapsed();
     world
-        .eventually("every evicted pod gone", || async {
+        .eventually("every drained pod gone", || async {
             let mut left = world.runner_pods().await;
             left.extend(world.listener_pods().await);
             (!left
@@ -690,22 +759,7 @@ async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_r
         })
         .await;
     let pods_gone = evicted_at.elapsed();
-    let warnings = world.events_about("EphemeralRunner", &busy_er).await;
-    eprintln!("busy runner {busy_er}: {warnings:#?}");
-    assert!(
-        warnings.iter().any(|e| e.starts_with("Warning/")),
-        "a Warning Event says why the busy runner went: {warnings:#?}"
-    );
-    let job = world.fake.state().job(ids[0]).expect("job");
-    assert_eq!(
-        (job.state, job.result.as_deref(), job.times_started),
-        (JobState::Completed, Some("failed"), 1),
-        "the busy runner's job failed once, as its runner was stopped: {job:?}"
-    );
-    // While the node is cordoned a runner that got a new pod waits for the node: the scheduler says so. (Every
-    // idle runner gets one, also one whose process exited 0 on the way; before that was so, a run where both
-    // idle runners exited 0 first had no pod to wait, as the set replaces finished runners only at the
-    // listener's next patch and the listener's own pod waits for the node too.)
+    // While the node is cordoned a runner that got a new pod waits for the node: the scheduler says so.
     let unschedulable = world
         .eventually("a runner pod waiting for the cordoned node", || async {
             world.runner_pods().await.into_iter().find(|p| {
@@ -750,21 +804,14 @@ async fn a_drained_node_replaces_idle_runners_fails_the_busy_ones_job_once_and_r
         .wait_set_condition("RunnersCanStart", "True", "RunnersStartable")
         .await;
     eprintln!(
-        "drain of 3 runners + listener: idle registrations removed {:.1} s after the evictions, busy runner \
-         deleted {:.1} s, all evicted pods gone {:.1} s; after uncordon 2 idle runners online in {:.1} s",
+        "drain of 3 runners + listener: idle registrations removed {:.1} s after the evictions, the busy runner's \
+         eviction allowed {:.1} s (its job over), all drained pods gone {:.1} s; after uncordon 2 idle runners \
+         online in {:.1} s",
         idle_released.as_secs_f64(),
-        busy_gone.as_secs_f64(),
+        drain_done.as_secs_f64(),
         pods_gone.as_secs_f64(),
         recovered.as_secs_f64()
     );
-    // A new job runs on a runner from after the drain, once; then it is cancelled (it would run 2 minutes).
-    let next = world.enqueue(1);
-    let (_, runner, _) = world.wait_jobs_running(&next).await.remove(0);
-    assert!(
-        !idle_before.contains(&runner) && runner != busy_runner,
-        "the job runs on a runner registered after the drain"
-    );
-    world.fake.state().cancel_job(next[0]).expect("cancel");
     world.uninstall_leaves_nothing().await;
     world.finish().await;
 }

@@ -495,3 +495,93 @@ async fn an_upgrade_to_the_next_minor_mid_flight_keeps_every_set_and_job() {
     assert!(!refused, "the next minor refused the set: {:?}", set.status);
     verify(world, 0, &[]).await;
 }
+
+/// Beyond ARC (docs/runner-lifecycle.md, "Drains wait for busy runners"): the Eviction API, which `kubectl drain`
+/// and the cluster autoscaler use, refuses a busy runner's pod while its job runs and lets an idle one go at once;
+/// the job completes on the runner that was not evicted.
+#[tokio::test(flavor = "multi_thread")]
+async fn evictions_wait_for_busy_runners_and_take_idle_ones_at_once() {
+    let world = world(
+        "e2e-evict",
+        WorldConfig {
+            values: json!({"minRunners": 2}),
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(20),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(world.client(), world.namespace());
+    world.enqueue(1).expect("enqueue");
+    wait_running(&world, 1).await;
+    // The budget counts the busy pod once the manager labelled it and the disruption controller saw it.
+    let budget = format!("{}-busy-runners", world.release);
+    let budgets = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+        world.client(),
+        world.namespace(),
+    );
+    let protected = world
+        .eventually("the busy runner counted by its budget", WAIT, || async {
+            let Some(found) = budgets.get_opt(&budget).await? else {
+                return Ok((false, "no budget yet".to_owned()));
+            };
+            let status = found.status.unwrap_or_default();
+            Ok((
+                status.current_healthy.unwrap_or(0) >= 1 && status.disruptions_allowed == Some(0),
+                format!("{status:?}"),
+            ))
+        })
+        .await;
+    if let Err(error) = protected {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    let all = pods
+        .list(&ListParams::default().labels(RUNNER_POD_SELECTOR))
+        .await
+        .expect("list runner pods");
+    let (busy, idle): (Vec<_>, Vec<_>) = all
+        .items
+        .into_iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .partition(|pod| pod.labels().contains_key("actions.github.com/job-id"));
+    let busy = busy.first().expect("a busy runner pod");
+    let idle = idle
+        .iter()
+        .find(|pod| pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .expect("an idle running runner pod");
+    // As `kubectl drain` sees them: a refused eviction answered, not retried by the client.
+    let evictions = Api::<Pod>::namespaced(
+        world
+            .ctx
+            .control_plane
+            .client_without_retries()
+            .expect("a client"),
+        world.namespace(),
+    );
+    match evictions
+        .evict(&busy.name_any(), &kube::api::EvictParams::default())
+        .await
+    {
+        Err(kube::Error::Api(status)) if status.code == 429 => {}
+        other => panic!(
+            "evicting the busy runner's pod: expected 429, got {other:?}\n{}",
+            world.diagnostics().await
+        ),
+    }
+    world
+        .simulator
+        .expect_deletion(&idle.uid().unwrap_or_default());
+    if let Err(error) = evictions
+        .evict(&idle.name_any(), &kube::api::EvictParams::default())
+        .await
+    {
+        panic!(
+            "evicting an idle runner's pod: {error}\n{}",
+            world.diagnostics().await
+        );
+    }
+    // The job ends on its runner; the evicted idle runner is replaced; back to minRunners.
+    verify(world, 2, &[]).await;
+}

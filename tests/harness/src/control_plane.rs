@@ -372,6 +372,15 @@ impl ControlPlane {
         Client::try_from(self.config.clone()).map_err(Error::Kube)
     }
 
+    /// A new admin client that hands every answer back as it came: kube's default client retries 429 and 503 by
+    /// itself, so a refused eviction (429, a disruption budget) would look like one call that waits until the pod
+    /// is gone. `kubectl drain` sees each refusal, as a test of one must.
+    pub fn client_without_retries(&self) -> Result<Client, Error> {
+        let mut config = self.config.clone();
+        config.default_retry = false;
+        Client::try_from(config).map_err(Error::Kube)
+    }
+
     /// The admin `kube::Config`.
     pub fn config(&self) -> &kube::Config {
         &self.config

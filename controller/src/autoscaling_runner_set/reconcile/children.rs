@@ -132,6 +132,7 @@ impl Step<'_> {
             ));
         }
         self.update_runner_set(&existing, &desired).await?;
+        self.converge_busy_runners_budget().await;
         let (mut action, listener) = self.converge_listener(scale_set_id).await?;
         if !take_over.is_done() {
             // Superseded runner sets on their way out: their deletion is not an event of this set.

@@ -21,6 +21,7 @@
 //! own: [`scale_set`], [`children`] (the EphemeralRunnerSet, also paused while the set is `Outdated`),
 //! [`listener`], [`status`] and [`cleanup`] (deletion).
 
+mod budget;
 mod children;
 mod cleanup;
 mod listener;
