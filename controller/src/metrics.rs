@@ -98,7 +98,7 @@ pub mod teardown_stage {
     pub const WAITED: &str = "waited";
     /// The runner's own `DELETE` (a runner whose pod succeeded deletes itself).
     pub const DELETE_RUNNER: &str = "delete_runner";
-    /// Removing its registration from the Actions Service (the JIT Secret read first).
+    /// Removing its registration from the Actions Service, the JIT Secret read beside it.
     pub const DEREGISTER: &str = "deregister";
     /// The pod's and the JIT Secret's deletes.
     pub const DELETE_CHILDREN: &str = "delete_children";

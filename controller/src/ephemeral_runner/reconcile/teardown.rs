@@ -109,20 +109,12 @@ impl Step<'_> {
             Ok::<_, Error>(())
         };
         let deregister = async {
-            let removal = if start.deregister {
+            if start.deregister {
                 self.timed(teardown_stage::DEREGISTER, self.deregister())
-                    .await?
+                    .await
             } else {
-                Removal::Removed
-            };
-            if removal == Removal::Removed {
-                self.timed(
-                    teardown_stage::DELETE_CHILDREN,
-                    delete_if_present(&self.secrets, &self.name, &self.namespace),
-                )
-                .await?;
+                Ok(Removal::Removed)
             }
-            Ok::<_, Error>(removal)
         };
         let terminated_pod = async {
             if start.delete_terminated_pod
@@ -148,23 +140,32 @@ impl Step<'_> {
                 delete_pod,
                 delete_hook_objects,
             } => {
-                if delete_pod {
-                    self.timed(
-                        teardown_stage::DELETE_CHILDREN,
-                        delete_if_present(&self.pods, &self.name, &self.namespace),
-                    )
-                    .await?;
-                }
+                // Objects the runner does not own (its container hooks' pods and Secrets) go before the
+                // finalizers, as nothing else would delete them later.
                 if delete_hook_objects {
                     self.delete_hook_objects().await?;
                 }
+                // The pod and the Secret are the runner's own (owner references): their deletes go out beside the
+                // finalizers' removal, one round trip less on a finished runner's way out, and should one fail,
+                // the garbage collector deletes it with the runner.
+                let pod = async {
+                    if delete_pod {
+                        self.timed(
+                            teardown_stage::DELETE_CHILDREN,
+                            delete_if_present(&self.pods, &self.name, &self.namespace),
+                        )
+                        .await?;
+                    }
+                    Ok::<_, Error>(())
+                };
+                let secret = async { self.delete_secret().await };
                 // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still
                 // finalize it once more, and then need not ask the service again.
-                self.timed(
+                let finalizers = self.timed(
                     teardown_stage::FINALIZERS,
                     remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS),
-                )
-                .await?;
+                );
+                futures::try_join!(pod, secret, finalizers)?;
                 // Finalizing follows a deletion request (the cached copy's or this pass's own): it is gone now.
                 self.ctx.runner_memory.finalized(&self.uid);
                 self.ctx
@@ -177,13 +178,40 @@ impl Step<'_> {
 
     /// Removes the runner's registrations ([`super::super::lifecycle::deregistration`]): the status's and the JIT
     /// Secret's (read whatever the status says: it is the only record of a registration the status does not
-    /// show), else one found by name.
+    /// show), else one found by name. The Secret stays until they are gone: its record may be the only one.
+    ///
+    /// The status's registration is removed while the Secret is read, one round trip less on a finished runner's
+    /// way out (docs/metrics.md, the `deregister` stage); a registration only the Secret records goes after.
     pub(super) async fn deregister(&self) -> Result<Removal> {
         let recorded = self.status().runner_id;
-        let in_secret = read_secret(&self.client, &self.namespace, &self.name)
-            .await?
-            .and_then(|secret| read_jit_identity(&secret).ok())
-            .map_or(0, |identity| identity.runner_id);
+        if recorded == 0 || self.ctx.runner_memory.was_deregistered(&self.uid, recorded) {
+            return self.deregister_in_turn(recorded).await;
+        }
+        let Ok(actions) = self.actions().await else {
+            return self.deregister_in_turn(recorded).await;
+        };
+        let (in_secret, removal) = futures::try_join!(
+            self.secret_registration(),
+            self.remove_registration(&actions, recorded)
+        )?;
+        if removal == Removal::JobStillRunning {
+            return Ok(removal);
+        }
+        let plan = deregistration(recorded, in_secret, |id| {
+            self.ctx.runner_memory.was_deregistered(&self.uid, id)
+        });
+        for runner_id in plan.remove {
+            if self.remove_registration(&actions, runner_id).await? == Removal::JobStillRunning {
+                return Ok(Removal::JobStillRunning);
+            }
+        }
+        Ok(Removal::Removed)
+    }
+
+    /// [`Step::deregister`] one step after the other: the Secret read, then the registrations removed. For a runner whose status records no registration (or one removed already), or whose service
+    /// client cannot be made.
+    async fn deregister_in_turn(&self, recorded: i64) -> Result<Removal> {
+        let in_secret = self.secret_registration().await?;
         let plan = deregistration(recorded, in_secret, |id| {
             self.ctx.runner_memory.was_deregistered(&self.uid, id)
         });
@@ -217,12 +245,38 @@ impl Step<'_> {
             remove.push(found.id);
         }
         for runner_id in remove {
-            if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
+            if self.remove_registration(&actions, runner_id).await? == Removal::JobStillRunning {
                 return Ok(Removal::JobStillRunning);
             }
-            self.ctx.runner_memory.deregistered(&self.uid, runner_id);
         }
         Ok(Removal::Removed)
+    }
+
+    /// The registration the JIT Secret records, from the API server (0: no Secret, or none readable in it).
+    async fn secret_registration(&self) -> Result<i64> {
+        Ok(read_secret(&self.client, &self.namespace, &self.name)
+            .await?
+            .and_then(|secret| read_jit_identity(&secret).ok())
+            .map_or(0, |identity| identity.runner_id))
+    }
+
+    /// Removes registration `runner_id`, remembered once the service confirms it.
+    async fn remove_registration(&self, actions: &Actions, runner_id: i64) -> Result<Removal> {
+        let removal = actions.remove_runner(runner_id).await?;
+        if removal == Removal::Removed {
+            self.ctx.runner_memory.deregistered(&self.uid, runner_id);
+        }
+        Ok(removal)
+    }
+
+    /// Deletes the JIT Secret (timed as a child's deletion).
+    async fn delete_secret(&self) -> Result<()> {
+        self.timed(
+            teardown_stage::DELETE_CHILDREN,
+            delete_if_present(&self.secrets, &self.name, &self.namespace),
+        )
+        .await
+        .map(drop)
     }
 
     /// Pods and Secrets the runner's container hooks created (label `runner-pod=<runner name>`).
