@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use controller::Options;
 use crds::constants::{
-    EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE, RUNNER_CONTAINER_NAME,
+    EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE, JOB_ID_KEY, RUNNER_CONTAINER_NAME,
 };
 use crds::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use fake_actions_service::{
@@ -1369,7 +1369,25 @@ async fn disruptions(run: &Run<'_>) {
         if running.is_empty() {
             continue;
         }
-        let pod = &running[usize::try_from(rng.next_u64() % running.len() as u64).unwrap_or(0)];
+        // Alternate, counting only the ones that happened: a run with a handful of disruptions (the API-server
+        // restart holds them for a while) must still take pods away both ways; a coin flip once gave three
+        // evictions and no delete.
+        let evict = {
+            let tally = run.tally();
+            tally.pods_deleted > tally.pods_evicted
+        };
+        // An eviction goes to a pod without a job label when there is one: the set's disruption budget refuses
+        // the others (docs/runner-lifecycle.md), and a run whose evictions all met busy pods took none away.
+        let unprotected: Vec<&Pod> = running
+            .iter()
+            .filter(|pod| !pod.labels().contains_key(JOB_ID_KEY))
+            .collect();
+        let pool: Vec<&Pod> = if evict && !unprotected.is_empty() {
+            unprotected
+        } else {
+            running.iter().collect()
+        };
+        let pod = pool[usize::try_from(rng.next_u64() % pool.len() as u64).unwrap_or(0)];
         let name = pod.name_any();
         let busy = runners
             .get_opt(&name)
@@ -1380,13 +1398,6 @@ async fn disruptions(run: &Run<'_>) {
         world
             .simulator
             .expect_deletion(&pod.uid().unwrap_or_default());
-        // Alternate, counting only the ones that happened: a run with a handful of disruptions (the API-server
-        // restart holds them for a while) must still take pods away both ways; a coin flip once gave three
-        // evictions and no delete.
-        let evict = {
-            let tally = run.tally();
-            tally.pods_deleted > tally.pods_evicted
-        };
         let result = if evict {
             // Answered as `kubectl drain` sees it: a refusal (429) comes back instead of being retried.
             match world.ctx.control_plane.client_without_retries() {
