@@ -1345,6 +1345,12 @@ async fn disruptions(run: &Run<'_>) {
     let world = run.world;
     let pods: Api<Pod> = Api::namespaced(world.client(), world.namespace());
     let runners: Api<EphemeralRunner> = Api::namespaced(world.client(), world.namespace());
+    // Evictions answered as `kubectl drain` sees them: a refusal (429) comes back instead of being retried.
+    let Ok(eviction_client) = world.ctx.control_plane.client_without_retries() else {
+        run.event("no client for evictions: no pod is taken away");
+        return;
+    };
+    let evictions: Api<Pod> = Api::namespaced(eviction_client, world.namespace());
     let selector = ListParams::default().labels(&format!(
         "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
     ));
@@ -1399,14 +1405,10 @@ async fn disruptions(run: &Run<'_>) {
             .simulator
             .expect_deletion(&pod.uid().unwrap_or_default());
         let result = if evict {
-            // Answered as `kubectl drain` sees it: a refusal (429) comes back instead of being retried.
-            match world.ctx.control_plane.client_without_retries() {
-                Ok(client) => Api::<Pod>::namespaced(client, world.namespace())
-                    .evict(&name, &EvictParams::default())
-                    .await
-                    .map(drop),
-                Err(_) => continue,
-            }
+            evictions
+                .evict(&name, &EvictParams::default())
+                .await
+                .map(drop)
         } else {
             pods.delete(&name, &DeleteParams::default()).await.map(drop)
         };

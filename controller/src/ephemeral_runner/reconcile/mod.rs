@@ -128,12 +128,12 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Resul
         .fresher(&runner.uid().unwrap_or_default())
         .unwrap_or(runner);
     let step = Step::new(&runner, &ctx, ctx.client.clone())?;
-    let mut pod = step.cached_pod();
-    if in_teardown(&runner, pod.as_deref()) || ctx.runner_memory.is_tearing_down(&step.uid) {
+    if teardown_lane(&runner, &ctx) {
         // The teardown lane's ([`teardown`]), also once its deletion of the pod reached the cache before the
         // runner's own deletion did: a busy runner without a pod would otherwise look interrupted.
         return Ok(Action::await_change());
     }
+    let mut pod = step.cached_pod();
     if let Some(wait) =
         ctx.runner_memory
             .awaiting_pod(&step.uid, pod.is_some(), POD_CREATED_EXPECTATION)

@@ -158,14 +158,13 @@ impl Step<'_> {
                     }
                     Ok::<_, Error>(())
                 };
-                let secret = async { self.delete_secret().await };
                 // The runner's memory goes with its deletion event: a pass on a cache a moment behind may still
                 // finalize it once more, and then need not ask the service again.
                 let finalizers = self.timed(
                     teardown_stage::FINALIZERS,
                     remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS),
                 );
-                futures::try_join!(pod, secret, finalizers)?;
+                futures::try_join!(pod, self.delete_secret(), finalizers)?;
                 // Finalizing follows a deletion request (the cached copy's or this pass's own): it is gone now.
                 self.ctx.runner_memory.finalized(&self.uid);
                 self.ctx
@@ -208,8 +207,9 @@ impl Step<'_> {
         Ok(Removal::Removed)
     }
 
-    /// [`Step::deregister`] one step after the other: the Secret read, then the registrations removed. For a runner whose status records no registration (or one removed already), or whose service
-    /// client cannot be made.
+    /// [`Step::deregister`] one step after the other: the Secret read, then the registrations removed. For a
+    /// runner whose status records no registration (or one removed already), or whose service client cannot be
+    /// made.
     async fn deregister_in_turn(&self, recorded: i64) -> Result<Removal> {
         let in_secret = self.secret_registration().await?;
         let plan = deregistration(recorded, in_secret, |id| {
