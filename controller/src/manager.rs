@@ -33,7 +33,10 @@ use crate::actions::ActionsClients;
 use crate::autoscaling_listener::ListenerContext;
 use crate::autoscaling_runner_set::RunnerSetContext;
 use crate::completions::{Completions, leaving_with_job, owner_set_key, recorded_registration};
-use crate::context::{Context, ErrorBackoff, Expectations, RunnerMemory, Stores};
+use crate::context::{Context, ErrorBackoff, Expectations, Stores};
+use crate::ephemeral_runner::RunnerContext;
+use crate::ephemeral_runner::memory::RunnerMemory;
+use crate::ephemeral_runner_set::SetContext;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::options::Options;
@@ -188,12 +191,7 @@ impl Manager {
         let (applied_completions, deleted_completions) =
             (Arc::clone(&completions), Arc::clone(&completions));
         runner_fanout.observe(move |runner: &EphemeralRunner| {
-            applied_memory.seen(runner);
-            if runner.meta().deletion_timestamp.is_some()
-                && let Some(uid) = runner.uid()
-            {
-                applied_memory.teardown_due(&uid);
-            }
+            applied_memory.observe_runner(runner);
             if leaving_with_job(runner, false)
                 && let Some(key) = owner_set_key(runner)
             {
@@ -207,15 +205,8 @@ impl Manager {
         let (pod_runners, pod_set_tx) = (runner_store.clone(), set_wakeup_tx.clone());
         let succeeded_memory = Arc::clone(&runner_memory);
         pod_fanout.observe(move |pod: &CachedPod| {
-            // A runner's pod that succeeded: its teardown is due from this event on (the teardown metric's
-            // `waited` stage).
-            if crate::ephemeral_runner::policy::pod_phase(pod) == crds::constants::phase::SUCCEEDED
-                && let Some(owner) = pod
-                    .owner_references()
-                    .iter()
-                    .find(|owner| owner.controller == Some(true))
-            {
-                succeeded_memory.teardown_due(&owner.uid);
+            if succeeded_memory.observe_pod(pod) {
+                // Its runner's end: the teardown lane's, nothing of the set's.
                 return;
             }
             if !crate::ephemeral_runner::policy::runner_not_started(pod) {
@@ -339,7 +330,6 @@ impl Manager {
                 self.options.error_backoff_max,
             ),
             expectations,
-            runner_memory,
             completions,
             metrics: Arc::clone(&self.metrics),
             client: self.client.clone(),
@@ -352,27 +342,32 @@ impl Manager {
                 parts.run(Arc::clone(&ctx), &shutdown).await;
             }
         };
-        // One pass at a time per runner, across the runner controller's two lanes.
-        let runner_passes = Arc::new(ephemeral_runner::passes::PassLocks::default());
+        // Both lanes of the runner controller share its memory and take turns per runner.
+        let runner_ctx = Arc::new(RunnerContext::new(
+            Arc::clone(&ctx),
+            Arc::clone(&runner_memory),
+        ));
+        let set_ctx = Arc::new(SetContext {
+            base: Arc::clone(&ctx),
+            runners: runner_memory,
+        });
         futures::join!(
             scale_set_controllers,
             ephemeral_runner::run(
-                Arc::clone(&ctx),
-                Arc::clone(&runner_passes),
+                Arc::clone(&runner_ctx),
                 runners_for_runner_controller,
                 pods_for_runner_controller,
                 pod_deleted_rx,
                 stopped(&shutdown),
             ),
             ephemeral_runner::run_teardown(
-                Arc::clone(&ctx),
-                runner_passes,
+                runner_ctx,
                 runners_for_teardown,
                 pods_for_teardown,
                 stopped(&shutdown),
             ),
             ephemeral_runner_set::run(
-                Arc::clone(&ctx),
+                set_ctx,
                 sets_for_set_controller,
                 runners_for_set_controller,
                 set_wakeup_rx,

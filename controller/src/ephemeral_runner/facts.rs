@@ -6,9 +6,9 @@ use kube::{Resource, ResourceExt};
 
 use super::pod::JitIdentity;
 use super::policy::{PodVerdict, judge_pod};
-use crate::context::RunnerMemory;
 use crate::pods::CachedPod;
 
+pub use super::memory::RunnerMemory;
 pub use super::policy::runner_not_started;
 
 /// Whether a runner's end has come, which the teardown lane carries out ([`super::run_teardown`]): it is being deleted, or

@@ -7,6 +7,7 @@
 mod cache;
 pub mod facts;
 pub mod lifecycle;
+pub mod memory;
 pub mod passes;
 pub mod pod;
 pub mod policy;
@@ -32,21 +33,37 @@ use crate::context::{Context, ErrorRequeue};
 use crate::error::Error;
 use crate::fair::FairLane;
 use crate::pods::CachedPod;
+use memory::RunnerMemory;
 use passes::PassLocks;
 
 /// Controller name in metrics and logs (ARC's).
 pub const CONTROLLER: &str = "ephemeralrunner";
 
-/// What both lanes' passes share: the manager's context and the runners' turns ([`PassLocks`]).
+/// What both lanes' passes share: the manager's context, the runners' turns ([`PassLocks`]) and this
+/// controller's memory of its runners.
 pub struct RunnerContext {
     /// The manager's context.
     pub base: Arc<Context>,
     /// One pass at a time per runner, across both lanes.
-    pub passes: Arc<PassLocks>,
+    pub passes: PassLocks,
+    /// What this process remembers of each runner between passes (its one owner; the watches' hooks and the
+    /// set controller reach it through [`facts`]).
+    pub memory: Arc<RunnerMemory>,
+}
+
+impl RunnerContext {
+    /// The context both lanes of the runner controller run with.
+    pub fn new(base: Arc<Context>, memory: Arc<RunnerMemory>) -> Self {
+        Self {
+            base,
+            passes: PassLocks::default(),
+            memory,
+        }
+    }
 }
 
 async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
-    if reconcile::teardown_lane(&runner, &ctx.base) {
+    if reconcile::teardown_lane(&runner, &ctx.base, &ctx.memory) {
         // The teardown lane's runner (its pass would find so too): not worth waiting for its turn.
         return Ok(Action::await_change());
     }
@@ -55,7 +72,7 @@ async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Res
         .instrumented(
             CONTROLLER,
             runner.as_ref(),
-            reconcile::reconcile(Arc::clone(&runner), Arc::clone(&ctx.base)),
+            reconcile::reconcile(Arc::clone(&runner), Arc::clone(&ctx)),
         )
         .await
 }
@@ -69,7 +86,7 @@ fn error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<RunnerCont
 pub const TEARDOWN_CONTROLLER: &str = "ephemeralrunner-teardown";
 
 async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
-    if !reconcile::teardown_lane(&runner, &ctx.base) {
+    if !reconcile::teardown_lane(&runner, &ctx.base, &ctx.memory) {
         // The main lane's runner: its pass would return at once, after waiting for the main lane's turn.
         return Ok(Action::await_change());
     }
@@ -78,7 +95,7 @@ async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Resu
         .instrumented(
             TEARDOWN_CONTROLLER,
             runner.as_ref(),
-            reconcile::teardown(Arc::clone(&runner), Arc::clone(&ctx.base)),
+            reconcile::teardown(Arc::clone(&runner), Arc::clone(&ctx)),
         )
         .await
 }
@@ -102,15 +119,13 @@ fn teardown_error_policy(
 /// runner waited behind the whole burst (p99 of 21 s from job finished to runner gone in a 500-job burst).
 /// [`reconcile::reconcile`] leaves exactly these runners alone, so each effect has one owner.
 pub async fn run_teardown(
-    ctx: Arc<Context>,
-    passes: Arc<PassLocks>,
+    ctx: Arc<RunnerContext>,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
     pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let config = Config::default().concurrency(ctx.options.runner_teardown_concurrency);
-    let store = ctx.stores.runners.clone();
-    let ctx = Arc::new(RunnerContext { base: ctx, passes });
+    let config = Config::default().concurrency(ctx.base.options.runner_teardown_concurrency);
+    let store = ctx.base.stores.runners.clone();
     Controller::for_shared_stream(runners, store)
         .owns_shared_stream(pods)
         .with_config(config)
@@ -213,8 +228,7 @@ async fn take_turns(
 /// EphemeralRunnerSet, so that one set's burst does not hold up another set's runners (docs/runner-lifecycle.md,
 /// "Scale sets take turns").
 pub async fn run(
-    ctx: Arc<Context>,
-    passes: Arc<PassLocks>,
+    ctx: Arc<RunnerContext>,
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
     pods: impl Stream<Item = Arc<CachedPod>> + Send + 'static,
     pod_deletions: impl Stream<Item = ObjectRef<EphemeralRunner>> + Send + 'static,
@@ -224,7 +238,7 @@ pub async fn run(
     let (passes_tx, passes_rx) = mpsc::unbounded();
     let (finished_tx, finished_rx) = mpsc::unbounded();
     let turns = take_turns(
-        Arc::clone(&ctx),
+        Arc::clone(&ctx.base),
         runners,
         pods,
         pod_deletions,
@@ -232,9 +246,8 @@ pub async fn run(
         passes_tx,
         shutdown.clone(),
     );
-    let config = Config::default().concurrency(ctx.options.runner_concurrency);
-    let store = ctx.stores.runners.clone();
-    let ctx = Arc::new(RunnerContext { base: ctx, passes });
+    let config = Config::default().concurrency(ctx.base.options.runner_concurrency);
+    let store = ctx.base.stores.runners.clone();
     // The framework's own triggers are only its requeues; every watch event comes through the turns.
     let controller = Controller::for_shared_stream(stream::pending(), store)
         .reconcile_on(passes_rx)

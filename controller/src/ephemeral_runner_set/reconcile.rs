@@ -35,6 +35,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use super::SetContext;
 use super::runner::{desired_runner, scale_set_identity};
 use super::scale::{
     Census, ScalePlan, already_applied, places_held, plan, removal_candidates, stale_runners,
@@ -42,7 +43,7 @@ use super::scale::{
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::completions::{Counted, listing, set_key};
 use crate::context::Context;
-use crate::ephemeral_runner::facts::{in_teardown, known_identity};
+use crate::ephemeral_runner::facts::{RunnerMemory, in_teardown, known_identity};
 use crate::error::{Error, Result};
 use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::kubeutil::{
@@ -54,9 +55,10 @@ use crate::options::ERS_FIELD_MANAGER;
 use crate::pods::CachedPod;
 
 /// Reconciles one EphemeralRunnerSet.
-#[tracing::instrument(skip(set, ctx), fields(set = %set.name_any(), namespace = set.namespace().unwrap_or_default()))]
-pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action> {
-    let step = SetStep::new(&set, &ctx)?;
+#[tracing::instrument(skip(set, lane), fields(set = %set.name_any(), namespace = set.namespace().unwrap_or_default()))]
+pub async fn reconcile(set: Arc<EphemeralRunnerSet>, lane: Arc<SetContext>) -> Result<Action> {
+    let ctx = lane.base.as_ref();
+    let step = SetStep::new(&set, ctx, &lane.runners)?;
     if set.meta().deletion_timestamp.is_some() {
         return step.finalize().await;
     }
@@ -114,6 +116,8 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
 struct SetStep<'a> {
     set: &'a EphemeralRunnerSet,
     ctx: &'a Context,
+    /// The runner controller's memory of its runners.
+    memory: &'a RunnerMemory,
     name: String,
     namespace: String,
     key: String,
@@ -123,12 +127,17 @@ struct SetStep<'a> {
 }
 
 impl<'a> SetStep<'a> {
-    fn new(set: &'a EphemeralRunnerSet, ctx: &'a Context) -> Result<Self> {
+    fn new(
+        set: &'a EphemeralRunnerSet,
+        ctx: &'a Context,
+        memory: &'a RunnerMemory,
+    ) -> Result<Self> {
         let (name, namespace) = name_and_namespace(set)?;
         let client = ctx.client.clone();
         Ok(Self {
             set,
             ctx,
+            memory,
             key: set_key(&namespace, &name),
             api: Api::namespaced(client.clone(), &namespace),
             runners: Api::namespaced(client.clone(), &namespace),
@@ -164,8 +173,7 @@ impl<'a> SetStep<'a> {
     /// this process created its pod `pod` under (the runner controller writes the identity with the pod's first
     /// state worth showing). 0 when neither is known.
     fn registration_of(&self, runner: &EphemeralRunner, pod: Option<&CachedPod>) -> i64 {
-        known_identity(&self.ctx.runner_memory, runner, pod)
-            .map_or(0, |identity| identity.runner_id)
+        known_identity(self.memory, runner, pod).map_or(0, |identity| identity.runner_id)
     }
 
     /// Whether every runner this process created or deleted for the set is visible in the cache.
@@ -555,14 +563,14 @@ impl<'a> SetStep<'a> {
         let runner_id = self.registration_of(runner, self.pod_of(runner).as_deref());
         let uid = runner.uid().unwrap_or_default();
         if runner_id != 0
-            && !self.ctx.runner_memory.was_deregistered(&uid, runner_id)
+            && !self.memory.was_deregistered(&uid, runner_id)
             && let Some(actions) = self.actions(runner).await?
         {
             if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
                 return Ok(false);
             }
             // The runner's own finalizer need not ask the service again.
-            self.ctx.runner_memory.deregistered(&uid, runner_id);
+            self.memory.deregistered(&uid, runner_id);
         }
         delete_if_present(&self.runners, &runner.name_any(), &self.namespace).await?;
         Ok(true)

@@ -73,8 +73,8 @@ impl Step<'_> {
         }
         match self.pods.create(&PostParams::default(), &pod).await {
             Ok(created) => {
-                self.ctx.runner_memory.created_pod(&self.uid);
-                self.ctx.runner_memory.pod_runs_under(
+                self.memory.created_pod(&self.uid);
+                self.memory.pod_runs_under(
                     &self.uid,
                     &created.uid().unwrap_or_default(),
                     identity.runner_id,
@@ -126,11 +126,8 @@ impl Step<'_> {
             CreateRejection::Forbidden(message) => ("forbidden", message),
             CreateRejection::AlreadyExists | CreateRejection::Other => {
                 if let Some(identity) = identity {
-                    self.ctx.runner_memory.pod_not_created(
-                        &self.uid,
-                        identity.runner_id,
-                        error.to_string(),
-                    );
+                    self.memory
+                        .pod_not_created(&self.uid, identity.runner_id, error.to_string());
                 }
                 return Err(Error::CreateObject {
                     kind: Pod::kind(&()),

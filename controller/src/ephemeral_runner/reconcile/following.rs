@@ -17,7 +17,7 @@ impl Step<'_> {
             return Ok(Action::requeue(self.ctx.options.resync_interval));
         }
         if let Some(metadata) = job_metadata(&status)
-            && self.ctx.runner_memory.job_metadata_due(
+            && self.memory.job_metadata_due(
                 &self.uid,
                 &pod_uid,
                 metadata.digest(),
@@ -90,8 +90,7 @@ impl Step<'_> {
             .await
         {
             Ok(_) => {
-                self.ctx
-                    .runner_memory
+                self.memory
                     .applied_job_metadata(&self.uid, uid, metadata.digest());
                 Ok(())
             }
@@ -108,8 +107,7 @@ impl Step<'_> {
                     "may not patch runner pods here: the job's labels and annotations stay off this pod \
                      (the scale-set chart of arc-rs grants it)"
                 );
-                self.ctx
-                    .runner_memory
+                self.memory
                     .applied_job_metadata(&self.uid, uid, metadata.digest());
                 Ok(())
             }
@@ -163,10 +161,7 @@ impl Step<'_> {
         let idle_and_running = pod_phase == phase::RUNNING && ready && !status.has_job();
         if idle_and_running
             && let Some(identity) = identity
-            && self
-                .ctx
-                .runner_memory
-                .registration_check_due(&self.uid, interval)
+            && self.memory.registration_check_due(&self.uid, interval)
         {
             match self.actions().await?.get_runner(identity.runner_id).await {
                 Ok(Some(_)) => {}
@@ -257,7 +252,7 @@ impl Step<'_> {
                 self.ctx.options.runner.failure_backoff_base,
             )
         } else {
-            let count = self.ctx.runner_memory.disrupted(&self.uid);
+            let count = self.memory.disrupted(&self.uid);
             self.ctx
                 .metrics
                 .pod_disruptions
@@ -390,8 +385,7 @@ impl Step<'_> {
             Timestamp::now(),
         );
         let after_disruptions = self
-            .ctx
-            .runner_memory
+            .memory
             .last_disruption(&self.uid)
             .and_then(|(count, at)| {
                 disruption_delay(count, policy.disruption_backoff_max).checked_sub(at.elapsed())

@@ -48,11 +48,13 @@ use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::RunnerContext;
 use super::facts::{in_teardown, known_identity};
 use super::lifecycle::{
     Facts, Next, PodFact, RunnerFact, SecretFact, Teardown, TeardownEnd, TeardownFacts,
     after_deregistration, decide, deregistration, plan_teardown,
 };
+use super::memory::RunnerMemory;
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
 use super::policy::{
     CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay,
@@ -94,7 +96,7 @@ const STUCK_TERMINATING_SLACK: Duration = Duration::from_secs(30);
 /// Retry after the service said a runner name exists and then that it does not (its own eventual consistency).
 const SERVICE_RETRY: Duration = Duration::from_secs(1);
 /// How long a pass waits for the watch to bring a pod this process created before reading from the API server
-/// instead ([`crate::context::RunnerMemory::awaiting_pod`]): far longer than the watch takes in a burst.
+/// instead ([`RunnerMemory::awaiting_pod`]): far longer than the watch takes in a burst.
 const POD_CREATED_EXPECTATION: Duration = Duration::from_secs(10);
 /// Upper bound of decision steps in one pass ([`super::lifecycle`]'s property tests show passes end sooner).
 const MAX_STEPS: usize = 16;
@@ -105,7 +107,7 @@ const MAX_STEPS: usize = 16;
 /// find the runner is not its own must not queue behind the other lane's pass (in a burst, the teardown lane's
 /// workers then sat waiting for runners still being created while finished runners waited for a worker).
 /// Each pass checks again once it holds the turn.
-pub fn teardown_lane(runner: &EphemeralRunner, ctx: &Context) -> bool {
+pub fn teardown_lane(runner: &EphemeralRunner, ctx: &Context, memory: &RunnerMemory) -> bool {
     let (Some(name), Some(namespace)) = (runner.meta().name.as_deref(), runner.namespace()) else {
         return false;
     };
@@ -113,38 +115,32 @@ pub fn teardown_lane(runner: &EphemeralRunner, ctx: &Context) -> bool {
         .stores
         .pods
         .get(&ObjectRef::new(name).within(&namespace));
-    in_teardown(runner, pod.as_deref())
-        || ctx
-            .runner_memory
-            .is_tearing_down(&runner.uid().unwrap_or_default())
+    in_teardown(runner, pod.as_deref()) || memory.is_tearing_down(&runner.uid().unwrap_or_default())
 }
 
 /// Reconciles one EphemeralRunner.
-#[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
-pub async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
+#[tracing::instrument(skip(runner, lane), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
+pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -> Result<Action> {
+    let (ctx, memory) = (lane.base.as_ref(), lane.memory.as_ref());
     // This manager's own last status write, while the cache has not caught up with it.
-    let runner = ctx
-        .runner_memory
+    let runner = memory
         .fresher(&runner.uid().unwrap_or_default())
         .unwrap_or(runner);
-    let step = Step::new(&runner, &ctx, ctx.client.clone())?;
-    if teardown_lane(&runner, &ctx) {
+    let step = Step::new(&runner, ctx, memory, ctx.client.clone())?;
+    if teardown_lane(&runner, ctx, memory) {
         // The teardown lane's ([`teardown`]), also once its deletion of the pod reached the cache before the
         // runner's own deletion did: a busy runner without a pod would otherwise look interrupted.
         return Ok(Action::await_change());
     }
     let mut pod = step.cached_pod();
-    if let Some(wait) =
-        ctx.runner_memory
-            .awaiting_pod(&step.uid, pod.is_some(), POD_CREATED_EXPECTATION)
-    {
+    if let Some(wait) = memory.awaiting_pod(&step.uid, pod.is_some(), POD_CREATED_EXPECTATION) {
         // The pod this process just created is on its way to the cache; its event brings the runner back.
         return Ok(Action::requeue(wait));
     }
     let mut facts = step.initial_facts(pod.as_deref());
-    let mut identity = known_identity(&ctx.runner_memory, &runner, pod.as_deref());
+    let mut identity = known_identity(memory, &runner, pod.as_deref());
     if facts.registered {
-        ctx.runner_memory.forget_pod_identity(&step.uid);
+        memory.forget_pod_identity(&step.uid);
     } else {
         // A pod this process created, whose identity the status does not show yet: it was not written before
         // the pod (see `Step::create_pod`).
@@ -272,6 +268,8 @@ fn pod_fact(pod: Option<&CachedPod>, now: Timestamp) -> PodFact {
 struct Step<'a> {
     runner: &'a EphemeralRunner,
     ctx: &'a Context,
+    /// The runner controller's memory of its runners.
+    memory: &'a RunnerMemory,
     name: String,
     namespace: String,
     uid: String,
@@ -288,11 +286,17 @@ struct Step<'a> {
 
 impl<'a> Step<'a> {
     /// A pass over `runner` whose writes go through `client` (the main lane's or the teardown lane's).
-    fn new(runner: &'a EphemeralRunner, ctx: &'a Context, client: kube::Client) -> Result<Self> {
+    fn new(
+        runner: &'a EphemeralRunner,
+        ctx: &'a Context,
+        memory: &'a RunnerMemory,
+        client: kube::Client,
+    ) -> Result<Self> {
         let (name, namespace) = name_and_namespace(runner)?;
         Ok(Self {
             runner,
             ctx,
+            memory,
             uid: runner.uid().unwrap_or_default(),
             api: Api::namespaced(client.clone(), &namespace),
             pods: Api::namespaced(client.clone(), &namespace),
@@ -307,6 +311,7 @@ impl<'a> Step<'a> {
     /// What the cached runner and pod say, before anything is read from the API server.
     fn initial_facts(&self, pod: Option<&CachedPod>) -> Facts {
         let status = self.status();
+        let memory = self.memory.snapshot(&self.uid);
         let finalizers = self.runner.finalizers();
         let has = |finalizer: &str| finalizers.iter().any(|have| have == finalizer);
         Facts {
@@ -322,8 +327,7 @@ impl<'a> Step<'a> {
             backoff: self.pod_backoff(),
             // A refusal recorded in the status, or a creation that failed in this process: either way the next
             // registration waits for a dry run the cluster admits.
-            rejected: status.reason == reason::POD_CREATION_REJECTED
-                || self.ctx.runner_memory.pod_creation_failed(&self.uid),
+            rejected: status.reason == reason::POD_CREATION_REJECTED || memory.pod_creation_failed,
             dry_run_passed: false,
             pod: match pod {
                 None => PodFact::NotCached,
@@ -337,9 +341,9 @@ impl<'a> Step<'a> {
                 && status.reason.is_empty()
                 && status.runner_id == 0
                 && status.failures.is_empty()
-                && self.ctx.runner_memory.last_disruption(&self.uid).is_none()
-                && !self.ctx.runner_memory.knows_pod_identity(&self.uid)
-                && !self.ctx.runner_memory.pod_creation_failed(&self.uid),
+                && !memory.disrupted
+                && !memory.knows_pod_identity
+                && !memory.pod_creation_failed,
         }
     }
 
@@ -380,7 +384,7 @@ impl<'a> Step<'a> {
     /// rate limit) then has nothing left to mirror: its write would reach a runner on its way out, or one already
     /// gone (answered 404; 0.43 status writes per job in a 500-job burst, docs/benchmarks.md).
     fn ended_meanwhile(&self) -> bool {
-        if self.ctx.runner_memory.is_tearing_down(&self.uid) {
+        if self.memory.is_tearing_down(&self.uid) {
             return true;
         }
         let runner_going = self

@@ -210,12 +210,8 @@ impl Step<'_> {
             return Ok(Removal::JobStillRunning);
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
-        self.ctx.runner_memory.forget_pod_identity(&self.uid);
-        if let Some(error) = self
-            .ctx
-            .runner_memory
-            .report_not_created(&self.uid, runner_id)
-        {
+        self.memory.forget_pod_identity(&self.uid);
+        if let Some(error) = self.memory.report_not_created(&self.uid, runner_id) {
             self.count_rejection("error");
             self.event(
                 EventType::Warning,

@@ -172,7 +172,7 @@ impl Step<'_> {
                 // Cached the way the watch caches it.
                 written.managed_fields_mut().clear();
                 super::super::prune_cached_runner(&mut written);
-                self.ctx.runner_memory.wrote(&self.uid, written);
+                self.memory.wrote(&self.uid, written);
             })
             .map_err(|source| Error::PatchObject {
                 kind: EphemeralRunner::kind(&()),

@@ -9,15 +9,16 @@ use crate::metrics::teardown_stage;
 /// The teardown lane's pass ([`super::super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
 /// being deleted is deregistered, its pod and Secret deleted and its finalizers dropped, in this one pass. Other
 /// runners are the main lane's ([`reconcile`]).
-#[tracing::instrument(skip(runner, ctx), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
-pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result<Action> {
-    let step = Step::new(&runner, &ctx, ctx.teardown_client.clone())?;
+#[tracing::instrument(skip(runner, lane), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
+pub async fn teardown(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -> Result<Action> {
+    let (ctx, memory) = (lane.base.as_ref(), lane.memory.as_ref());
+    let step = Step::new(&runner, ctx, memory, ctx.teardown_client.clone())?;
     let pod = step.cached_pod();
     if !in_teardown(&runner, pod.as_deref()) {
         return Ok(Action::await_change());
     }
-    ctx.runner_memory.tearing_down(&step.uid);
-    if let Some(waited) = ctx.runner_memory.teardown_started(&step.uid) {
+    memory.tearing_down(&step.uid);
+    if let Some(waited) = memory.teardown_started(&step.uid) {
         ctx.metrics.teardown(teardown_stage::WAITED, waited);
     }
     // A runner whose pod succeeded is deleted and finalized in this pass, rather than on the deletion's watch
@@ -26,7 +27,7 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<Context>) -> Result
     if delete && let Some(set) = owner_set_key(&runner) {
         // It ran its job: its set keeps its place until the listener's target leaves the job out, also when the
         // listener's record of the job never reached the runner (a job shorter than that write).
-        let registration = known_identity(&ctx.runner_memory, &runner, pod.as_deref())
+        let registration = known_identity(memory, &runner, pod.as_deref())
             .map_or(0, |identity| identity.runner_id);
         ctx.completions.left(&set, &step.name, registration);
     }
@@ -84,7 +85,7 @@ impl Step<'_> {
             // A pass on a cached copy from before this runner's finalization: deleting its children or patching
             // it again would only cost the API server requests answered with 404.
             finalized: !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER)
-                || self.ctx.runner_memory.was_finalized(&self.uid),
+                || self.memory.was_finalized(&self.uid),
             registration_finalizer: has_finalizer(
                 self.runner,
                 EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
@@ -166,7 +167,7 @@ impl Step<'_> {
                 );
                 futures::try_join!(pod, self.delete_secret(), finalizers)?;
                 // Finalizing follows a deletion request (the cached copy's or this pass's own): it is gone now.
-                self.ctx.runner_memory.finalized(&self.uid);
+                self.memory.finalized(&self.uid);
                 self.ctx
                     .metrics
                     .teardown(teardown_stage::PASS, pass.elapsed());
@@ -183,7 +184,7 @@ impl Step<'_> {
     /// way out (docs/metrics.md, the `deregister` stage); a registration only the Secret records goes after.
     pub(super) async fn deregister(&self) -> Result<Removal> {
         let recorded = self.status().runner_id;
-        if recorded == 0 || self.ctx.runner_memory.was_deregistered(&self.uid, recorded) {
+        if recorded == 0 || self.memory.was_deregistered(&self.uid, recorded) {
             return self.deregister_in_turn(recorded).await;
         }
         let Ok(actions) = self.actions().await else {
@@ -197,7 +198,7 @@ impl Step<'_> {
             return Ok(removal);
         }
         let plan = deregistration(recorded, in_secret, |id| {
-            self.ctx.runner_memory.was_deregistered(&self.uid, id)
+            self.memory.was_deregistered(&self.uid, id)
         });
         for runner_id in plan.remove {
             if self.remove_registration(&actions, runner_id).await? == Removal::JobStillRunning {
@@ -213,7 +214,7 @@ impl Step<'_> {
     async fn deregister_in_turn(&self, recorded: i64) -> Result<Removal> {
         let in_secret = self.secret_registration().await?;
         let plan = deregistration(recorded, in_secret, |id| {
-            self.ctx.runner_memory.was_deregistered(&self.uid, id)
+            self.memory.was_deregistered(&self.uid, id)
         });
         if plan.remove.is_empty() && !plan.look_up_by_name {
             return Ok(Removal::Removed);
@@ -264,7 +265,7 @@ impl Step<'_> {
     async fn remove_registration(&self, actions: &Actions, runner_id: i64) -> Result<Removal> {
         let removal = actions.remove_runner(runner_id).await?;
         if removal == Removal::Removed {
-            self.ctx.runner_memory.deregistered(&self.uid, runner_id);
+            self.memory.deregistered(&self.uid, runner_id);
         }
         Ok(removal)
     }
