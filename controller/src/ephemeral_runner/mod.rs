@@ -10,8 +10,10 @@ pub mod lifecycle;
 pub mod memory;
 pub mod passes;
 pub mod pod;
+pub mod pod_steps;
 pub mod policy;
 mod reconcile;
+pub mod status_patch;
 
 use std::future::Future;
 use std::sync::Arc;

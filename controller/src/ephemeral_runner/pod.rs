@@ -245,7 +245,7 @@ pub struct JobMetadata {
 }
 
 impl JobMetadata {
-    /// A digest of the metadata, for [`crate::context::RunnerMemory::job_metadata_due`].
+    /// A digest of the metadata, for [`super::memory::RunnerMemory::job_metadata_due`].
     pub fn digest(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();

@@ -34,14 +34,15 @@ impl Step<'_> {
             }
             // No node for it: shown as Pending, with the identity.
             PodVerdict::Wait => {
-                self.follow(
-                    phase::PENDING,
-                    false,
-                    String::new(),
-                    String::new(),
-                    false,
+                self.follow(&Following {
+                    status: &status,
+                    pod_phase: phase::PENDING,
+                    ready: false,
+                    reason: String::new(),
+                    message: String::new(),
+                    starting_normally: false,
                     identity,
-                )
+                })
                 .await
             }
             PodVerdict::Progress {
@@ -50,9 +51,16 @@ impl Step<'_> {
                 reason,
                 message,
             } => {
-                let starting = starting_normally(pod);
-                self.follow(&phase, ready, reason, message, starting, identity)
-                    .await
+                self.follow(&Following {
+                    status: &status,
+                    pod_phase: &phase,
+                    ready,
+                    reason,
+                    message,
+                    starting_normally: starting_normally(pod),
+                    identity,
+                })
+                .await
             }
             // A pod read from the API server in this pass: its watch event brings the runner to the teardown lane.
             PodVerdict::Succeeded => Ok(Action::await_change()),
@@ -122,62 +130,35 @@ impl Step<'_> {
     }
 
     /// The runner is starting or running: mirror the pod, and now and then make sure the service still knows
-    /// the runner (a zombie is replaced; docs/reference/beyond-arc.md, item 7). `starting_normally`: the pod has
-    /// not run yet and waits on nothing ([`starting_normally`]).
-    pub(super) async fn follow(
-        &self,
-        pod_phase: &str,
-        ready: bool,
-        reason: String,
-        message: String,
-        starting_normally: bool,
-        identity: Option<&JitIdentity>,
-    ) -> Result<Action> {
-        let status = self.status();
-        // A pod starting as it should shows nothing an empty status does not: the first write waits for it to run
-        // or to wait on something, and carries the identity (see `create_pod`).
-        let starting = starting_normally
-            && status.phase.is_empty()
-            && pod_phase == phase::PENDING
-            && !ready
-            && reason.is_empty()
-            && message.is_empty();
-        if (status.phase != pod_phase || status.ready != ready)
-            && !starting
+    /// the runner (a zombie is replaced; docs/reference/beyond-arc.md, item 7). [`pod_steps::follow`] decides.
+    pub(super) async fn follow(&self, seen: &Following<'_>) -> Result<Action> {
+        let options = &self.ctx.options;
+        let plan = pod_steps::follow(
+            seen,
+            || self.view_version(),
+            options.runner.registration_check_interval,
+            options.resync_interval,
+        );
+        if let Some(patch) = &plan.mirror
             && !self.ended_meanwhile()
         {
-            let mut patch = StatusPatch {
-                phase: Some(RunnerPhase::of_pod(pod_phase)),
-                ready: Some(ready),
-                ..StatusPatch::default()
-            };
-            patch.explain(reason, message);
-            if let Some(identity) = identity {
-                self.record_identity(identity, &mut patch);
-            }
-            self.patch_status(&patch).await?;
+            self.patch_status(patch).await?;
         }
-        let interval = self.ctx.options.runner.registration_check_interval;
-        let idle_and_running = pod_phase == phase::RUNNING && ready && !status.has_job();
-        if idle_and_running
-            && let Some(identity) = identity
-            && self.memory.registration_check_due(&self.uid, interval)
+        if let Some(runner_id) = plan.check_registration
+            && self
+                .memory
+                .registration_check_due(&self.uid, options.runner.registration_check_interval)
         {
-            match self.actions().await?.get_runner(identity.runner_id).await {
+            match self.actions().await?.get_runner(runner_id).await {
                 Ok(Some(_)) => {}
-                Ok(None) => return self.replace_zombie(identity).await,
+                Ok(None) => return self.replace_zombie(runner_id).await,
                 Err(error) => tracing::warn!(%error, "checking the runner registration failed"),
             }
         }
-        let next = if idle_and_running && !interval.is_zero() {
-            interval.min(self.ctx.options.resync_interval)
-        } else {
-            self.ctx.options.resync_interval
-        };
-        Ok(Action::requeue(next))
+        Ok(Action::requeue(plan.requeue))
     }
 
-    pub(super) async fn replace_zombie(&self, identity: &JitIdentity) -> Result<Action> {
+    pub(super) async fn replace_zombie(&self, runner_id: i64) -> Result<Action> {
         self.ctx
             .metrics
             .zombie_runners
@@ -188,9 +169,8 @@ impl Step<'_> {
             "ZombieRunner",
             "DeleteRunner",
             format!(
-                "the Actions Service no longer knows runner {} while its pod runs; deleting the runner so the set \
+                "the Actions Service no longer knows runner {runner_id} while its pod runs; deleting the runner so the set \
                  replaces it",
-                identity.runner_id
             ),
         )
         .await;
@@ -198,87 +178,68 @@ impl Step<'_> {
         Ok(Action::await_change())
     }
 
-    /// The pod failed: a runner with a job is deleted; otherwise the JIT config is discarded (the runner may have
-    /// consumed it), the failure recorded (counted or not) and the pod deleted, to be recreated after the backoff.
+    /// The pod failed: [`pod_steps::pod_failed`] decides; a runner with a job is finished, any other gets a new pod
+    /// after its backoff, its JIT config discarded (the runner may have consumed it).
     pub(super) async fn pod_failed(
         &self,
         pod: &CachedPod,
         failure: PodFailure,
         identity: Option<&JitIdentity>,
     ) -> Result<Action> {
-        if self.runner.has_job() {
-            self.event(
-                EventType::Warning,
-                "RunnerFailedWithJob",
-                "DeleteRunner",
-                format!(
-                    "the runner pod failed while running a job: {}",
-                    failure.message
-                ),
-            )
-            .await;
-            self.delete_self().await?;
-            return Ok(Action::await_change());
-        }
-        if let Some(identity) = identity
-            && self
-                .actions()
-                .await?
-                .remove_runner(identity.runner_id)
-                .await?
-                == Removal::JobStillRunning
+        let disruptions = self
+            .memory
+            .last_disruption(&self.uid)
+            .map_or(0, |(count, _)| count);
+        let plan = pod_steps::pod_failed(
+            &self.status(),
+            &failure,
+            identity,
+            &pod.uid().unwrap_or_default(),
+            Timestamp::now(),
+            disruptions,
+            &self.ctx.options.runner,
+        );
+        let (deregister, patch, counted, delay, report) = match plan {
+            PodFailed::FinishWithJob(report) => {
+                self.report(report).await;
+                self.delete_self().await?;
+                return Ok(Action::await_change());
+            }
+            PodFailed::Restart(restart) => {
+                let pod_steps::Restart {
+                    deregister,
+                    patch,
+                    counted,
+                    delay,
+                    report,
+                } = *restart;
+                (deregister, patch, counted, delay, report)
+            }
+        };
+        if let Some(runner_id) = deregister
+            && self.actions().await?.remove_runner(runner_id).await? == Removal::JobStillRunning
         {
             // The service gave it a job the listener has not reported yet: never restart such a runner.
             self.delete_self().await?;
             return Ok(Action::await_change());
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
-        let pod_uid = pod.uid().unwrap_or_default();
-        let mut patch = StatusPatch {
-            ready: Some(false),
-            ..StatusPatch::default()
-        };
-        patch.explain(failure.reason.clone(), failure.message.clone());
-        patch.forget_identity(self.status().runner_id);
-        let delay = if failure.counted {
-            patch.failures = Some([(pod_uid, Time(Timestamp::now()))].into());
-            self.ctx
-                .metrics
-                .pod_failures
-                .get_or_create(&self.reason_labels(failure.class))
-                .inc();
-            failure_delay(
-                self.failures() + 1,
-                self.ctx.options.runner.failure_backoff_base,
-            )
+        let labels = self.reason_labels(failure.class);
+        if counted {
+            self.ctx.metrics.pod_failures.get_or_create(&labels).inc();
         } else {
-            let count = self.memory.disrupted(&self.uid);
+            self.memory.disrupted(&self.uid);
             self.ctx
                 .metrics
                 .pod_disruptions
-                .get_or_create(&self.reason_labels(failure.class))
+                .get_or_create(&labels)
                 .inc();
-            disruption_delay(count, self.ctx.options.runner.disruption_backoff_max)
-        };
+        }
         self.patch_status(&patch).await?;
-        let (reason, what) = if failure.counted {
-            ("RunnerPodFailed", "counted as a failure")
-        } else {
-            ("RunnerPodDisrupted", "not counted as a failure")
-        };
-        self.event(
-            EventType::Warning,
-            reason,
-            "RecreatePod",
-            format!(
-                "{}: {} ({what}); a new pod follows",
-                failure.reason, failure.message
-            ),
-        )
-        .await;
+        self.report(report).await;
         delete_if_present(&self.pods, &self.name, &self.namespace).await?;
         // The pod's deletion event brings the runner back; the backoff is read from the status then.
-        Ok(Action::requeue(delay.max(Duration::from_secs(1))))
+        Ok(Action::requeue(delay))
     }
 
     pub(super) async fn mark_outdated(&self, identity: Option<&JitIdentity>) -> Result<Action> {

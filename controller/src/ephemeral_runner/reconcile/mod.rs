@@ -27,7 +27,6 @@ mod status;
 mod teardown;
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,15 +37,13 @@ use crds::constants::{
 };
 use crds::{EphemeralRunner, EphemeralRunnerSet};
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::RunnerContext;
 use super::facts::{in_teardown, known_identity};
@@ -56,10 +53,12 @@ use super::lifecycle::{
 };
 use super::memory::RunnerMemory;
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
+use super::pod_steps::{self, Following, PodFailed, Report};
 use super::policy::{
-    CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay,
-    failure_delay, judge_pod, remaining_failure_backoff, starting_normally,
+    CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay, judge_pod,
+    remaining_failure_backoff, starting_normally,
 };
+use super::status_patch::{RunnerPhase, StatusPatch};
 use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
 };
@@ -75,7 +74,6 @@ use crate::metrics::{RunnerLabels, RunnerReasonLabels};
 use crate::options::{ER_FIELD_MANAGER, ER_JOB_METADATA_FIELD_MANAGER};
 use crate::pods::CachedPod;
 use registration::Registration;
-use status::{RunnerPhase, StatusPatch};
 pub use teardown::teardown;
 
 /// The runner's two finalizers: its children's cleanup and its deregistration.
@@ -439,6 +437,17 @@ impl<'a> Step<'a> {
             namespace,
             reason,
         }
+    }
+
+    /// Publishes a Warning Event a decision asked for.
+    async fn report(&self, report: Report) {
+        self.event(
+            EventType::Warning,
+            report.reason,
+            report.action,
+            report.note,
+        )
+        .await;
     }
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {

@@ -1,0 +1,452 @@
+//! What a pass does with the pod it follows, as pure functions of what it observed (docs/runner-lifecycle.md):
+//! [`follow`] mirrors a starting or running pod onto the runner and says when to ask the service whether it still
+//! knows the runner; [`pod_failed`] says how a failed pod is recorded, reported and replaced. The executor
+//! (`reconcile/following.rs`) carries the answers out and decides nothing.
+
+use std::time::Duration;
+
+use crds::EphemeralRunnerStatus;
+use crds::constants::phase;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::pod::JitIdentity;
+use super::policy::{PodFailure, disruption_delay, failure_delay};
+use super::status_patch::{RunnerPhase, StatusPatch};
+use crate::options::RunnerPolicy;
+
+/// A Kubernetes Event a step publishes about its runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Reason (one word, CamelCase).
+    pub reason: &'static str,
+    /// What the manager does about it.
+    pub action: &'static str,
+    /// The Event's note.
+    pub note: String,
+}
+
+/// What a pass saw of a pod it follows (its runner container reported a state other than an end).
+#[derive(Debug, Clone)]
+pub struct Following<'a> {
+    /// The runner's status as the pass sees it.
+    pub status: &'a EphemeralRunnerStatus,
+    /// The pod's phase.
+    pub pod_phase: &'a str,
+    /// Whether the runner container is ready.
+    pub ready: bool,
+    /// Why the pod is where it is (a waiting container's reason, say); empty when nothing is worth saying.
+    pub reason: String,
+    /// The message that goes with `reason`.
+    pub message: String,
+    /// The pod has not run yet and waits on nothing ([`super::policy::starting_normally`]).
+    pub starting_normally: bool,
+    /// The registration the pod runs under, when known.
+    pub identity: Option<&'a JitIdentity>,
+}
+
+/// What [`follow`] asks for.
+#[derive(Debug, Default)]
+pub struct Follow {
+    /// The status write that mirrors the pod, if the status shows it otherwise. The executor skips it when the
+    /// runner's end came meanwhile (nothing left to mirror).
+    pub mirror: Option<StatusPatch>,
+    /// Check with the service that it still knows registration `Some(id)`, if the check is due (an idle runner
+    /// whose pod runs: a zombie is replaced).
+    pub check_registration: Option<i64>,
+    /// When to come back.
+    pub requeue: Duration,
+}
+
+/// Mirrors the pod onto the runner. A pod starting as it should shows nothing an empty status does not: the first
+/// write waits for it to run or to wait on something, and carries the identity (the executor's pod creation). An
+/// idle running runner comes back at the registration check's interval, when it is shorter than the resync.
+/// `holds_at`: the resource version of the pass's view, asked only when a first identity is written.
+pub fn follow(
+    seen: &Following<'_>,
+    holds_at: impl FnOnce() -> Option<String>,
+    check_interval: Duration,
+    resync: Duration,
+) -> Follow {
+    let status = seen.status;
+    let quiet_start = seen.starting_normally
+        && status.phase.is_empty()
+        && seen.pod_phase == phase::PENDING
+        && !seen.ready
+        && seen.reason.is_empty()
+        && seen.message.is_empty();
+    let mirror = ((status.phase != seen.pod_phase || status.ready != seen.ready) && !quiet_start)
+        .then(|| {
+            let mut patch = StatusPatch {
+                phase: Some(RunnerPhase::of_pod(seen.pod_phase)),
+                ready: Some(seen.ready),
+                ..StatusPatch::default()
+            };
+            patch.explain(seen.reason.clone(), seen.message.clone());
+            if let Some(identity) = seen.identity {
+                patch.record_identity(status, identity, holds_at);
+            }
+            patch
+        });
+    let idle_and_running = seen.pod_phase == phase::RUNNING && seen.ready && !status.has_job();
+    let checking = idle_and_running && !check_interval.is_zero();
+    Follow {
+        mirror,
+        check_registration: seen
+            .identity
+            .filter(|_| checking)
+            .map(|identity| identity.runner_id),
+        requeue: if checking {
+            check_interval.min(resync)
+        } else {
+            resync
+        },
+    }
+}
+
+/// What [`pod_failed`] asks for.
+#[derive(Debug)]
+pub enum PodFailed {
+    /// The runner held a job: it is finished (deleted), never given a new pod; the job is the service's.
+    FinishWithJob(Report),
+    /// A runner without a job gets a new pod.
+    Restart(Box<Restart>),
+}
+
+/// A new pod for a runner without a job: remove `deregister` (its config may have been used; a service that says
+/// the registration's job still runs finishes the runner instead), delete the Secret, write `patch`, count it (a
+/// failure if `counted`, else a disruption), report, delete the pod, and come back after `delay`.
+#[derive(Debug)]
+pub struct Restart {
+    /// The registration to remove first, when one is known.
+    pub deregister: Option<i64>,
+    /// The status write: not ready, why, the identity forgotten, and the failure when counted.
+    pub patch: StatusPatch,
+    /// Whether it counts against the retry budget.
+    pub counted: bool,
+    /// How long until the next pod (at least a second: the pod's deletion event brings the runner back).
+    pub delay: Duration,
+    /// The Event.
+    pub report: Report,
+}
+
+/// How a failed pod (`pod_uid`, at `now`) of a runner whose status is `status` is handled: a runner with a job is
+/// finished; otherwise the failure is recorded, counted or not ([`PodFailure::counted`]), and a new pod follows
+/// after the backoff (`failures` doubling from `policy.failure_backoff_base`, or `disruptions_before + 1`
+/// disruptions capped at `policy.disruption_backoff_max`).
+pub fn pod_failed(
+    status: &EphemeralRunnerStatus,
+    failure: &PodFailure,
+    identity: Option<&JitIdentity>,
+    pod_uid: &str,
+    now: Timestamp,
+    disruptions_before: u32,
+    policy: &RunnerPolicy,
+) -> PodFailed {
+    if status.has_job() {
+        return PodFailed::FinishWithJob(Report {
+            reason: "RunnerFailedWithJob",
+            action: "DeleteRunner",
+            note: format!(
+                "the runner pod failed while running a job: {}",
+                failure.message
+            ),
+        });
+    }
+    let mut patch = StatusPatch {
+        ready: Some(false),
+        ..StatusPatch::default()
+    };
+    patch.explain(failure.reason.clone(), failure.message.clone());
+    patch.forget_identity(status.runner_id);
+    let (delay, reason, what) = if failure.counted {
+        patch.failures = Some([(pod_uid.to_owned(), Time(now))].into());
+        (
+            failure_delay(status.failures.len() + 1, policy.failure_backoff_base),
+            "RunnerPodFailed",
+            "counted as a failure",
+        )
+    } else {
+        (
+            disruption_delay(
+                disruptions_before.saturating_add(1),
+                policy.disruption_backoff_max,
+            ),
+            "RunnerPodDisrupted",
+            "not counted as a failure",
+        )
+    };
+    PodFailed::Restart(Box::new(Restart {
+        deregister: identity.map(|identity| identity.runner_id),
+        patch,
+        counted: failure.counted,
+        delay: delay.max(Duration::from_secs(1)),
+        report: Report {
+            reason,
+            action: "RecreatePod",
+            note: format!(
+                "{}: {} ({what}); a new pod follows",
+                failure.reason, failure.message
+            ),
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy() -> RunnerPolicy {
+        RunnerPolicy {
+            failure_backoff_base: Duration::from_secs(5),
+            disruption_backoff_max: Duration::from_secs(60),
+            ..crate::options::Options::default().runner
+        }
+    }
+
+    fn identity(runner_id: i64) -> JitIdentity {
+        JitIdentity {
+            runner_id,
+            runner_name: "r".to_owned(),
+        }
+    }
+
+    fn failure(counted: bool) -> PodFailure {
+        PodFailure {
+            counted,
+            class: if counted { "runner_exit" } else { "evicted" },
+            reason: "Error".to_owned(),
+            message: "exit 1".to_owned(),
+        }
+    }
+
+    fn seen<'a>(
+        status: &'a EphemeralRunnerStatus,
+        pod_phase: &'a str,
+        ready: bool,
+        identity: Option<&'a JitIdentity>,
+    ) -> Following<'a> {
+        Following {
+            status,
+            pod_phase,
+            ready,
+            reason: String::new(),
+            message: String::new(),
+            starting_normally: false,
+            identity,
+        }
+    }
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_pod_starting_as_it_should_writes_nothing_until_it_runs_then_the_identity_goes_with_it() {
+        let empty = EphemeralRunnerStatus::default();
+        let id = identity(7);
+        let mut starting = seen(&empty, phase::PENDING, false, Some(&id));
+        starting.starting_normally = true;
+        let plan = follow(&starting, || unreachable!(), MINUTE, MINUTE);
+        assert!(plan.mirror.is_none());
+        let running = seen(&empty, phase::RUNNING, true, Some(&id));
+        let plan = follow(&running, || Some("41".to_owned()), MINUTE, MINUTE);
+        let patch = plan.mirror.expect("mirrored");
+        assert_eq!(patch.phase, Some(RunnerPhase::Running));
+        assert_eq!(patch.runner_id, Some(Some(7)));
+        assert_eq!(
+            patch.holds_at.as_deref(),
+            Some("41"),
+            "a first identity holds at the view"
+        );
+    }
+
+    #[test]
+    fn a_pod_that_waits_on_something_is_shown_with_why() {
+        let empty = EphemeralRunnerStatus::default();
+        let mut waiting = seen(&empty, phase::PENDING, false, None);
+        waiting.starting_normally = true;
+        waiting.reason = "ImagePullBackOff".to_owned();
+        let patch = follow(&waiting, || None, MINUTE, MINUTE)
+            .mirror
+            .expect("shown");
+        assert_eq!(patch.reason, Some(Some("ImagePullBackOff".to_owned())));
+    }
+
+    #[test]
+    fn only_an_idle_running_runner_with_a_known_registration_is_checked() {
+        let idle = EphemeralRunnerStatus {
+            phase: phase::RUNNING.to_owned(),
+            ready: true,
+            runner_id: 7,
+            runner_name: "r".to_owned(),
+            ..EphemeralRunnerStatus::default()
+        };
+        let id = identity(7);
+        let interval = Duration::from_secs(10);
+        let plan = follow(
+            &seen(&idle, phase::RUNNING, true, Some(&id)),
+            || None,
+            interval,
+            MINUTE,
+        );
+        assert!(plan.mirror.is_none(), "nothing changed");
+        assert_eq!(plan.check_registration, Some(7));
+        assert_eq!(plan.requeue, interval);
+        let busy = EphemeralRunnerStatus {
+            job_id: "j".to_owned(),
+            ..idle.clone()
+        };
+        let plan = follow(
+            &seen(&busy, phase::RUNNING, true, Some(&id)),
+            || None,
+            interval,
+            MINUTE,
+        );
+        assert_eq!(
+            plan.check_registration, None,
+            "a busy runner is the service's"
+        );
+        assert_eq!(plan.requeue, MINUTE);
+        let off = follow(
+            &seen(&idle, phase::RUNNING, true, Some(&id)),
+            || None,
+            Duration::ZERO,
+            MINUTE,
+        );
+        assert_eq!((off.check_registration, off.requeue), (None, MINUTE));
+        let unknown = follow(
+            &seen(&idle, phase::RUNNING, true, None),
+            || None,
+            interval,
+            MINUTE,
+        );
+        assert_eq!(unknown.check_registration, None);
+    }
+
+    #[test]
+    fn a_failed_pod_of_a_runner_with_a_job_finishes_it() {
+        let busy = EphemeralRunnerStatus {
+            runner_id: 7,
+            job_id: "j".to_owned(),
+            ..EphemeralRunnerStatus::default()
+        };
+        let plan = pod_failed(
+            &busy,
+            &failure(true),
+            Some(&identity(7)),
+            "p",
+            Timestamp::now(),
+            0,
+            &policy(),
+        );
+        assert!(
+            matches!(plan, PodFailed::FinishWithJob(report) if report.reason == "RunnerFailedWithJob")
+        );
+    }
+
+    #[test]
+    fn a_counted_failure_is_recorded_under_its_pod_and_backs_off_by_the_count() {
+        let status = EphemeralRunnerStatus {
+            runner_id: 7,
+            failures: [("p0".to_owned(), Time(Timestamp::now()))].into(),
+            ..EphemeralRunnerStatus::default()
+        };
+        let PodFailed::Restart(restart) = pod_failed(
+            &status,
+            &failure(true),
+            Some(&identity(7)),
+            "p1",
+            Timestamp::now(),
+            3,
+            &policy(),
+        ) else {
+            panic!("restarted");
+        };
+        let Restart {
+            deregister,
+            patch,
+            counted,
+            delay,
+            report,
+        } = *restart;
+        assert_eq!(deregister, Some(7));
+        assert!(counted);
+        assert!(
+            patch
+                .failures
+                .as_ref()
+                .is_some_and(|new| new.contains_key("p1"))
+        );
+        assert_eq!(
+            patch.leaves,
+            Some(7),
+            "the registration goes, with any job written under it"
+        );
+        assert_eq!(delay, failure_delay(2, Duration::from_secs(5)));
+        assert_eq!(report.reason, "RunnerPodFailed");
+    }
+
+    #[test]
+    fn a_disruption_is_not_counted_and_backs_off_by_the_disruptions() {
+        let status = EphemeralRunnerStatus::default();
+        let PodFailed::Restart(restart) = pod_failed(
+            &status,
+            &failure(false),
+            None,
+            "p1",
+            Timestamp::now(),
+            2,
+            &policy(),
+        ) else {
+            panic!("restarted");
+        };
+        let Restart {
+            deregister,
+            patch,
+            counted,
+            delay,
+            report,
+        } = *restart;
+        assert_eq!(deregister, None);
+        assert!(!counted && patch.failures.is_none());
+        assert_eq!(delay, disruption_delay(3, MINUTE));
+        assert_eq!(report.reason, "RunnerPodDisrupted");
+    }
+
+    proptest! {
+        /// Whatever the history, a failed pod never gets its runner a new pod while it holds a job, a restart always
+        /// forgets the registration (its config may have been used) and waits at least a second, and only a counted
+        /// failure adds to the retry budget.
+        #[test]
+        fn a_failed_pod_is_never_restarted_under_a_job_and_never_reuses_its_registration(
+            has_job in any::<bool>(),
+            runner_id in 0i64..3,
+            earlier in 0usize..8,
+            disruptions in 0u32..40,
+            counted in any::<bool>(),
+            known in any::<bool>(),
+        ) {
+            let status = EphemeralRunnerStatus {
+                runner_id,
+                job_id: if has_job { "j".to_owned() } else { String::new() },
+                failures: (0..earlier).map(|i| (format!("p{i}"), Time(Timestamp::now()))).collect(),
+                ..EphemeralRunnerStatus::default()
+            };
+            let id = identity(runner_id.max(1));
+            let plan = pod_failed(&status, &failure(counted), known.then_some(&id), "new", Timestamp::now(), disruptions, &policy());
+            match plan {
+                PodFailed::FinishWithJob(_) => prop_assert!(has_job),
+                PodFailed::Restart(restart) => {
+                    let Restart { deregister, patch, counted: was_counted, delay, .. } = *restart;
+                    prop_assert!(!has_job);
+                    prop_assert_eq!(deregister, known.then_some(id.runner_id));
+                    prop_assert_eq!(patch.runner_id, Some(None));
+                    prop_assert_eq!(patch.leaves, (runner_id != 0).then_some(runner_id));
+                    prop_assert!(delay >= Duration::from_secs(1));
+                    prop_assert_eq!(was_counted, counted);
+                    prop_assert_eq!(patch.failures.is_some(), counted);
+                }
+            }
+        }
+    }
+}
