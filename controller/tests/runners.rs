@@ -289,6 +289,41 @@ async fn a_zombie_runner_is_replaced() {
     manager.stop().await;
 }
 
+/// A runner whose job was too short for the listener's report to reach it looks idle when the service forgets it
+/// as the job ends; its pod exits a moment later. That is a finished runner, not a zombie: no `ZombieRunner`
+/// Event and no zombie count (issue 32, lesser). Fails without the confirmation (the first check replaced it).
+#[tokio::test]
+async fn a_runner_whose_short_job_went_unreported_is_not_taken_for_a_zombie() {
+    let env = Env::new("er-not-zombie").await;
+    env.create_set("arc", 1, 0).await;
+    let mut options = env.options();
+    options.runner.registration_check_interval = Duration::from_secs(2);
+    let manager = env.start(options);
+
+    let runner = env.start_a_runner().await;
+    let name = runner.name_any();
+    let checks = env.fake.state().count("get_runner_by_id");
+    // The service ends the unreported job and forgets the runner, as it does with an ephemeral runner.
+    env.fake
+        .state()
+        .deregister_runner(runner_id(&runner))
+        .expect("forget the registration");
+    env.eventually("a registration check after the job", || async {
+        (env.fake.state().count("get_runner_by_id") > checks).then_some(())
+    })
+    .await;
+    // The runner process exits 0 a moment after its job, as it does.
+    env.end_pod(&name, "Succeeded", Some(0), None).await;
+    env.wait_runner_gone("the finished runner gone", &name)
+        .await;
+    assert_eq!(
+        env.event_notes("ZombieRunner").await,
+        Vec::<String>::new(),
+        "a finished runner is not a zombie"
+    );
+    manager.stop().await;
+}
+
 #[tokio::test]
 async fn job_metadata_appears_on_the_pod() {
     let env = Env::new("er-job-labels").await;

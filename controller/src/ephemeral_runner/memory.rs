@@ -45,6 +45,9 @@ struct Record {
     disruptions: Option<(u32, Instant)>,
     /// When the registration was last checked with the service.
     checked: Option<Instant>,
+    /// When the service first said it no longer knows the runner while its pod ran idle, until it says otherwise
+    /// or the runner goes (see [`RunnerMemory::suspect_zombie`]).
+    zombie_suspected: Option<Instant>,
     /// The runner as this manager's last status write left it, until the watch brings an event that shows the
     /// write (see [`RunnerMemory::wrote`]).
     written: Written,
@@ -222,6 +225,27 @@ impl RunnerMemory {
                 last.is_some()
             }
         })
+    }
+
+    /// Records that the service said it no longer knows runner `uid` while its pod ran idle, unless it said so
+    /// before: the runner is taken for a zombie only if the service still says so a while later (a runner whose
+    /// job was too short for the listener's report is forgotten by the service as the job ends, and exits).
+    pub fn suspect_zombie(&self, uid: &str) {
+        self.record(uid, |record| {
+            record.zombie_suspected.get_or_insert_with(Instant::now);
+        });
+    }
+
+    /// How long ago the service first said it no longer knows runner `uid`, while it has not said otherwise since.
+    pub fn zombie_suspected_for(&self, uid: &str) -> Option<Duration> {
+        self.read(uid, |record| record.zombie_suspected.map(|at| at.elapsed()))
+    }
+
+    /// The service knows runner `uid` after all.
+    pub fn clear_zombie_suspicion(&self, uid: &str) {
+        if let Some(record) = self.inner().records.get_mut(uid) {
+            record.zombie_suspected = None;
+        }
     }
 
     /// Records that registration `runner_id` of runner `uid` was removed from the service.
@@ -786,6 +810,26 @@ mod tests {
             memory.finalized(&format!("r{i}"));
         }
         assert!(!memory.was_finalized("u") && !memory.was_deregistered("u", 7));
+    }
+
+    #[test]
+    fn a_zombie_suspicion_dates_from_the_first_and_goes_when_cleared_or_forgotten() {
+        let memory = RunnerMemory::default();
+        assert_eq!(memory.zombie_suspected_for("u"), None);
+        memory.suspect_zombie("u");
+        std::thread::sleep(Duration::from_millis(20));
+        memory.suspect_zombie("u");
+        assert!(
+            memory
+                .zombie_suspected_for("u")
+                .is_some_and(|since| since >= Duration::from_millis(20)),
+            "from the first time the service said so"
+        );
+        memory.clear_zombie_suspicion("u");
+        assert_eq!(memory.zombie_suspected_for("u"), None);
+        memory.suspect_zombie("v");
+        memory.forget("v");
+        assert_eq!(memory.zombie_suspected_for("v"), None);
     }
 
     #[test]

@@ -104,6 +104,58 @@ pub fn follow(
     }
 }
 
+/// How long the service must go on saying it does not know an idle running runner before the runner is taken for a
+/// zombie (at most the check interval, so a short interval confirms as quickly). A runner whose job was too short
+/// for the listener's report to reach it looks idle, and the service forgets it as the job ends; its pod exits
+/// within seconds, and its end is then a finished runner's, not a zombie's (no Warning Event, no metric).
+pub const ZOMBIE_CONFIRMATION: Duration = Duration::from_secs(15);
+
+/// What follows a registration check of an idle running runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCheck {
+    /// The service knows it: nothing to do (a suspicion, if any, goes).
+    Known,
+    /// The service does not know it, for less than the confirmation: suspect it, check again in this long.
+    Suspect(Duration),
+    /// The service has not known it for the confirmation: a zombie, replaced.
+    Zombie,
+}
+
+/// The confirmation for checks every `interval` ([`ZOMBIE_CONFIRMATION`] at most).
+pub fn zombie_confirmation(interval: Duration) -> Duration {
+    interval.min(ZOMBIE_CONFIRMATION)
+}
+
+/// Whether a registration check is due now for a runner suspected for `suspected_for` (if it is), or, when it is
+/// not suspected, by the periodic schedule (`periodic_due`); `Err(wait)` when a suspicion is to be confirmed in
+/// `wait`.
+pub fn registration_check_due(
+    suspected_for: Option<Duration>,
+    periodic_due: impl FnOnce() -> bool,
+    confirmation: Duration,
+) -> Result<bool, Duration> {
+    match suspected_for {
+        Some(since) if since >= confirmation => Ok(true),
+        Some(since) => Err(confirmation - since),
+        None => Ok(periodic_due()),
+    }
+}
+
+/// What a registration check that found the runner `known` (or not) means, for a runner suspected for
+/// `suspected_for`.
+pub fn after_registration_check(
+    known: bool,
+    suspected_for: Option<Duration>,
+    confirmation: Duration,
+) -> AfterCheck {
+    match suspected_for {
+        _ if known => AfterCheck::Known,
+        Some(since) if since >= confirmation => AfterCheck::Zombie,
+        Some(since) => AfterCheck::Suspect(confirmation - since),
+        None => AfterCheck::Suspect(confirmation),
+    }
+}
+
 /// What [`pod_failed`] asks for.
 #[derive(Debug)]
 pub enum PodFailed {
@@ -321,6 +373,47 @@ mod tests {
             MINUTE,
         );
         assert_eq!(unknown.check_registration, None);
+    }
+
+    #[test]
+    fn a_runner_the_service_forgot_is_a_zombie_only_once_it_stays_forgotten_for_the_confirmation() {
+        let confirmation = zombie_confirmation(Duration::from_secs(120));
+        assert_eq!(confirmation, ZOMBIE_CONFIRMATION);
+        assert_eq!(
+            zombie_confirmation(Duration::from_millis(500)),
+            Duration::from_millis(500)
+        );
+        // First time: suspected, not replaced (its job may just have ended, its pod about to exit).
+        assert_eq!(
+            after_registration_check(false, None, confirmation),
+            AfterCheck::Suspect(confirmation)
+        );
+        let early = Duration::from_secs(5);
+        assert_eq!(
+            registration_check_due(Some(early), || unreachable!(), confirmation),
+            Err(confirmation - early),
+            "a suspicion is confirmed on its own schedule"
+        );
+        assert_eq!(
+            registration_check_due(Some(confirmation), || false, confirmation),
+            Ok(true)
+        );
+        assert_eq!(
+            after_registration_check(false, Some(confirmation), confirmation),
+            AfterCheck::Zombie
+        );
+        assert_eq!(
+            after_registration_check(true, Some(confirmation), confirmation),
+            AfterCheck::Known
+        );
+        assert_eq!(
+            registration_check_due(None, || true, confirmation),
+            Ok(true)
+        );
+        assert_eq!(
+            registration_check_due(None, || false, confirmation),
+            Ok(false)
+        );
     }
 
     #[test]

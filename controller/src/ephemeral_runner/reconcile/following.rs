@@ -144,15 +144,35 @@ impl Step<'_> {
         {
             self.patch_status(patch).await?;
         }
-        if let Some(runner_id) = plan.check_registration
-            && self
-                .memory
-                .registration_check_due(&self.uid, options.runner.registration_check_interval)
-        {
-            match self.actions().await?.get_runner(runner_id).await {
-                Ok(Some(_)) => {}
-                Ok(None) => return self.replace_zombie(runner_id).await,
-                Err(error) => tracing::warn!(%error, "checking the runner registration failed"),
+        if let Some(runner_id) = plan.check_registration {
+            let interval = options.runner.registration_check_interval;
+            let confirmation = pod_steps::zombie_confirmation(interval);
+            let suspected = self.memory.zombie_suspected_for(&self.uid);
+            let due = pod_steps::registration_check_due(
+                suspected,
+                || self.memory.registration_check_due(&self.uid, interval),
+                confirmation,
+            );
+            match due {
+                Err(wait) => return Ok(Action::requeue(wait.min(plan.requeue))),
+                Ok(false) => {}
+                Ok(true) => match self.actions().await?.get_runner(runner_id).await {
+                    Err(error) => tracing::warn!(%error, "checking the runner registration failed"),
+                    Ok(found) => {
+                        match pod_steps::after_registration_check(
+                            found.is_some(),
+                            suspected,
+                            confirmation,
+                        ) {
+                            AfterCheck::Known => self.memory.clear_zombie_suspicion(&self.uid),
+                            AfterCheck::Suspect(wait) => {
+                                self.memory.suspect_zombie(&self.uid);
+                                return Ok(Action::requeue(wait.min(plan.requeue)));
+                            }
+                            AfterCheck::Zombie => return self.replace_zombie(runner_id).await,
+                        }
+                    }
+                },
             }
         }
         Ok(Action::requeue(plan.requeue))
