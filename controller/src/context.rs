@@ -218,7 +218,9 @@ impl ErrorBackoff {
 
 /// Runner creations and deletions an EphemeralRunnerSet made that its runner watch has not reported yet. While
 /// any are outstanding the set does not scale again, so a stale cache never causes duplicate runners or
-/// double deletions. Entries expire, in case an event is lost (the watch relists eventually).
+/// double deletions. Past [`EXPECTATION_TIMEOUT`] the set asks the API server instead of its cache (a quorum list):
+/// what the list shows settles every expectation, and only what the cache has truly not caught up with is waited for
+/// again ([`Expectations::rebase`]). Nothing is assumed from the clock alone.
 #[derive(Debug, Default)]
 pub struct Expectations {
     sets: Mutex<HashMap<String, Expected>>,
@@ -234,6 +236,17 @@ struct Expected {
     /// [`EXPECTATION_TIMEOUT`]. Kept until the set's expectations are next settled.
     departed: HashSet<String>,
     since: Option<Instant>,
+}
+
+/// Whether the cache shows what a set expects of it ([`Expectations::satisfied`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheView {
+    /// Everything expected was seen (or nothing was expected).
+    CaughtUp,
+    /// Something is still expected.
+    Behind,
+    /// Something has been expected for [`EXPECTATION_TIMEOUT`]: ask the API server ([`Expectations::rebase`]).
+    Overdue,
 }
 
 /// How long an expectation is waited for before it is assumed lost.
@@ -271,34 +284,67 @@ impl Expectations {
     }
 
     /// Drops what the cache now shows (`seen`: the runner is in the cache at all; `alive`: it is there and not
-    /// being deleted) and says whether everything expected was seen.
+    /// being deleted) and says whether everything expected was seen, or has been waited for too long.
     pub fn satisfied(
         &self,
         key: &str,
         seen: impl Fn(&str) -> bool,
         alive: impl Fn(&str) -> bool,
-    ) -> bool {
+    ) -> CacheView {
         let mut sets = lock(&self.sets);
         let Some(expected) = sets.get_mut(key) else {
-            return true;
+            return CacheView::CaughtUp;
         };
         expected.created.retain(|name| !seen(name));
         expected.deleted.retain(|name| alive(name));
-        let done = expected.created.is_empty() && expected.deleted.is_empty();
-        let expired = expected
-            .since
-            .is_some_and(|since| since.elapsed() >= EXPECTATION_TIMEOUT);
-        if done || expired {
-            if expired && !done {
-                tracing::warn!(
-                    set = key,
-                    "runner watch did not report expected changes in time; rescaling anyway"
-                );
-            }
+        if expected.created.is_empty() && expected.deleted.is_empty() {
             sets.remove(key);
-            return true;
+            return CacheView::CaughtUp;
         }
-        false
+        if expected
+            .since
+            .is_some_and(|since| since.elapsed() >= EXPECTATION_TIMEOUT)
+        {
+            return CacheView::Overdue;
+        }
+        CacheView::Behind
+    }
+
+    /// Settles set `key`'s overdue expectations by what a quorum list of its runners shows (`listed`: the runner
+    /// exists; `listed_alive`: it exists and is not being deleted), and waits anew, from now, only for what the
+    /// cache still shows otherwise (`seen`, `alive`, as in [`Expectations::satisfied`]). Returns the names the
+    /// cache is still behind on (empty: caught up as of the list).
+    pub fn rebase(
+        &self,
+        key: &str,
+        listed: impl Fn(&str) -> bool,
+        listed_alive: impl Fn(&str) -> bool,
+        seen: impl Fn(&str) -> bool,
+        alive: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
+        let mut sets = lock(&self.sets);
+        let Some(expected) = sets.get_mut(key) else {
+            return Vec::new();
+        };
+        // A creation the list shows and the cache does not; a deletion the list shows (gone, or going) while the
+        // cache shows the runner alive. Anything else is settled: the list is the API server's word.
+        expected.created.retain(|name| listed(name) && !seen(name));
+        expected
+            .deleted
+            .retain(|name| !listed_alive(name) && alive(name));
+        let mut behind: Vec<String> = expected
+            .created
+            .iter()
+            .chain(&expected.deleted)
+            .cloned()
+            .collect();
+        if behind.is_empty() {
+            sets.remove(key);
+        } else {
+            behind.sort();
+            expected.since = Some(Instant::now());
+        }
+        behind
     }
 
     /// How long set `key`'s expectations are still waited for; `None` when nothing is expected.
@@ -361,15 +407,27 @@ mod tests {
     #[test]
     fn expectations_wait_for_the_cache() {
         let expectations = Expectations::default();
-        assert!(expectations.satisfied("set", |_| false, |_| false));
+        assert_eq!(
+            expectations.satisfied("set", |_| false, |_| false),
+            CacheView::CaughtUp
+        );
         expectations.created("set", ["r1".to_owned(), "r2".to_owned()]);
         expectations.deleted("set", ["old".to_owned()]);
         // r1 seen, r2 not yet, old still alive.
         let cached = |name: &str| name == "r1" || name == "old";
-        assert!(!expectations.satisfied("set", cached, cached));
+        assert_eq!(
+            expectations.satisfied("set", cached, cached),
+            CacheView::Behind
+        );
         // r2 seen; old is still cached but being deleted, which is enough.
-        assert!(expectations.satisfied("set", |name| name == "r2" || name == "old", |_| false));
-        assert!(expectations.satisfied("set", |_| false, |_| false));
+        assert_eq!(
+            expectations.satisfied("set", |name| name == "r2" || name == "old", |_| false),
+            CacheView::CaughtUp
+        );
+        assert_eq!(
+            expectations.satisfied("set", |_| false, |_| false),
+            CacheView::CaughtUp
+        );
     }
 
     #[test]
@@ -379,7 +437,10 @@ mod tests {
         expectations.created("set", ["r1".to_owned()]);
         let left = expectations.left("set").expect("waiting for r1");
         assert!(left <= EXPECTATION_TIMEOUT && left > EXPECTATION_TIMEOUT / 2);
-        assert!(expectations.satisfied("set", |_| true, |_| true));
+        assert_eq!(
+            expectations.satisfied("set", |_| true, |_| true),
+            CacheView::CaughtUp
+        );
         assert_eq!(expectations.left("set"), None);
     }
 
@@ -387,9 +448,15 @@ mod tests {
     fn a_runner_deleted_before_the_cache_saw_it_settles_its_expectation() {
         let expectations = Expectations::default();
         expectations.created("set", ["r1".to_owned()]);
-        assert!(!expectations.satisfied("set", |_| false, |_| false));
+        assert_eq!(
+            expectations.satisfied("set", |_| false, |_| false),
+            CacheView::Behind
+        );
         expectations.gone("set", "r1");
-        assert!(expectations.satisfied("set", |_| false, |_| false));
+        assert_eq!(
+            expectations.satisfied("set", |_| false, |_| false),
+            CacheView::CaughtUp
+        );
     }
 
     #[test]
@@ -399,11 +466,15 @@ mod tests {
         expectations.creating("set");
         expectations.gone("set", "r1");
         expectations.created("set", ["r1".to_owned(), "r2".to_owned()]);
-        assert!(
-            !expectations.satisfied("set", |_| false, |_| false),
+        assert_eq!(
+            expectations.satisfied("set", |_| false, |_| false),
+            CacheView::Behind,
             "r2 not seen yet"
         );
-        assert!(expectations.satisfied("set", |name| name == "r2", |_| false));
+        assert_eq!(
+            expectations.satisfied("set", |name| name == "r2", |_| false),
+            CacheView::CaughtUp
+        );
         // Nothing left: not even the tombstone, which went with the settled expectations.
         assert_eq!(expectations.left("set"), None);
         assert!(lock(&expectations.sets).is_empty());
@@ -418,7 +489,41 @@ mod tests {
         expectations.creating("set");
         expectations.gone("set", "made-by-someone-else");
         assert_eq!(expectations.left("set"), None, "nothing is waited for");
-        assert!(expectations.satisfied("set", |_| false, |_| false));
+        assert_eq!(
+            expectations.satisfied("set", |_| false, |_| false),
+            CacheView::CaughtUp
+        );
         assert!(lock(&expectations.sets).is_empty());
+    }
+
+    #[test]
+    fn overdue_expectations_are_settled_by_a_quorum_list_and_only_a_lagging_cache_is_waited_for_again()
+     {
+        let expectations = Expectations::default();
+        expectations.created("set", ["made".to_owned(), "made-and-gone".to_owned()]);
+        expectations.deleted("set", ["removed".to_owned(), "still-cached".to_owned()]);
+        lock(&expectations.sets).get_mut("set").unwrap().since =
+            Some(Instant::now() - EXPECTATION_TIMEOUT);
+        // The cache has seen none of the creations and still shows both deleted runners alive. The API server:
+        // "made" exists, "made-and-gone" is gone, "removed" is gone, "still-cached" is going.
+        let cached_alive = |name: &str| matches!(name, "removed" | "still-cached");
+        assert_eq!(
+            expectations.satisfied("set", cached_alive, cached_alive),
+            CacheView::Overdue,
+            "the clock alone settles nothing"
+        );
+        let listed = |name: &str| matches!(name, "made" | "still-cached");
+        let listed_alive = |name: &str| name == "made";
+        let behind = expectations.rebase("set", listed, listed_alive, cached_alive, cached_alive);
+        assert_eq!(behind, ["made", "removed", "still-cached"]);
+        assert_eq!(
+            expectations.satisfied("set", cached_alive, cached_alive),
+            CacheView::Behind,
+            "waited for anew, from now"
+        );
+        // A cache that shows what the list shows: caught up.
+        let behind = expectations.rebase("set", listed, listed_alive, listed, listed_alive);
+        assert!(behind.is_empty());
+        assert_eq!(expectations.left("set"), None);
     }
 }

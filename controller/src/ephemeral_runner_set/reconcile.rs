@@ -29,7 +29,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
@@ -42,7 +42,7 @@ use super::scale::{
 };
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::completions::{Counted, listing, set_key};
-use crate::context::Context;
+use crate::context::{CacheView, Context};
 use crate::ephemeral_runner::facts::{RunnerMemory, in_teardown, known_identity};
 use crate::error::{Error, Result};
 use crate::hash::{integrity_hash, runner_spec_hash};
@@ -88,7 +88,7 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, lane: Arc<SetContext>) -> R
     // Waiting for the cache needs no poll: the runner events that settle the expectations start the next pass
     // (the set owns its runners, and their deletions reach it through `reconcile_on`). The requeue only bounds
     // how long a lost event is waited for.
-    if !step.cache_caught_up() {
+    if !step.cache_caught_up().await? {
         return Ok(Action::requeue(
             ctx.expectations
                 .left(&step.key)
@@ -176,16 +176,60 @@ impl<'a> SetStep<'a> {
         known_identity(self.memory, runner, pod).map_or(0, |identity| identity.runner_id)
     }
 
-    /// Whether every runner this process created or deleted for the set is visible in the cache.
-    fn cache_caught_up(&self) -> bool {
-        self.ctx.expectations.satisfied(
-            &self.key,
-            |name| self.cached_runner(name).is_some(),
-            |name| {
-                self.cached_runner(name)
-                    .is_some_and(|runner| runner.metadata.deletion_timestamp.is_none())
-            },
-        )
+    /// Whether every runner this process created or deleted for the set is visible in the cache. Expectations
+    /// overdue are settled by a quorum list of the set's runners, not by the clock: only what the cache still shows
+    /// otherwise than the API server is waited for again.
+    async fn cache_caught_up(&self) -> Result<bool> {
+        let seen = |name: &str| self.cached_runner(name).is_some();
+        let alive = |name: &str| {
+            self.cached_runner(name)
+                .is_some_and(|runner| runner.metadata.deletion_timestamp.is_none())
+        };
+        match self.ctx.expectations.satisfied(&self.key, seen, alive) {
+            CacheView::CaughtUp => Ok(true),
+            CacheView::Behind => Ok(false),
+            CacheView::Overdue => {
+                let listed = self.list_runners().await?;
+                let behind = self.ctx.expectations.rebase(
+                    &self.key,
+                    |name| listed.contains_key(name),
+                    |name| listed.get(name) == Some(&true),
+                    seen,
+                    alive,
+                );
+                if !behind.is_empty() {
+                    tracing::warn!(
+                        set = %self.key,
+                        ?behind,
+                        "the runner watch still does not show what the API server holds; the set waits for it"
+                    );
+                }
+                Ok(behind.is_empty())
+            }
+        }
+    }
+
+    /// The set's runners by name, from the API server (a quorum read, metadata only), each with whether it is
+    /// alive (not being deleted).
+    async fn list_runners(&self) -> Result<std::collections::HashMap<String, bool>> {
+        let listed = self
+            .runners
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(|source| Error::ReadObjects {
+                kind: EphemeralRunner::kind(&()),
+                namespace: self.namespace.clone(),
+                source: Box::new(source),
+            })?;
+        Ok(listed
+            .items
+            .into_iter()
+            .filter(|runner| is_controlled_by::<EphemeralRunnerSet>(runner, &self.name))
+            .map(|runner| {
+                let alive = runner.metadata.deletion_timestamp.is_none();
+                (runner.name_any(), alive)
+            })
+            .collect())
     }
 
     fn scale_set(&self) -> RunnerLabels {
