@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crds::EphemeralRunnerStatus;
-use crds::constants::phase;
+use crds::constants::{phase, reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -153,6 +153,92 @@ pub fn after_registration_check(
         Some(since) if since >= confirmation => AfterCheck::Zombie,
         Some(since) => AfterCheck::Suspect(confirmation - since),
         None => AfterCheck::Suspect(confirmation),
+    }
+}
+
+/// The status write before a pod is created, if any. A first attempt writes none: the identity goes into the
+/// status with the first state worth showing ([`follow`]), one write fewer per runner; the listener may report the
+/// runner's job before that and records the identity with it. A later attempt clears what earlier ones left (a
+/// failure, a quota or admission message) before its pod, with the identity and phase Pending (the API server makes
+/// every new pod Pending), as one write.
+pub fn before_pod(
+    status: &EphemeralRunnerStatus,
+    identity: &JitIdentity,
+    holds_at: impl FnOnce() -> Option<String>,
+) -> Option<StatusPatch> {
+    let recorded_before = !status.phase.is_empty()
+        || status.ready
+        || !status.reason.is_empty()
+        || !status.message.is_empty()
+        || status.runner_id != 0;
+    if !recorded_before {
+        return None;
+    }
+    let mut patch = StatusPatch::default();
+    patch.record_identity(status, identity, holds_at);
+    if status.phase != phase::PENDING || status.ready || !status.reason.is_empty() {
+        patch.phase = Some(RunnerPhase::Pending);
+        patch.ready = Some(false);
+        patch.explain(String::new(), String::new());
+    }
+    Some(patch)
+}
+
+/// The status write, and the Event when the status does not say so already, for a pod a quota or an admission
+/// check refused (`refusal`, the API server's message): not the runner's fault, so not counted, and retried (dry
+/// first) until the cluster admits it. `recorded_now`: the registration the pass recorded before the refused
+/// creation (the status in hand predates it); whatever registration is recorded is forgotten, its config discarded.
+pub fn pod_rejected(
+    status: &EphemeralRunnerStatus,
+    refusal: &str,
+    recorded_now: Option<i64>,
+) -> (StatusPatch, Option<Report>) {
+    let message = format!("Failed to create the pod: {refusal}");
+    let mut patch = StatusPatch::default();
+    let recorded = recorded_now.unwrap_or(status.runner_id);
+    if recorded != 0 {
+        patch.forget_identity(recorded);
+    }
+    let report = (status.reason != reason::POD_CREATION_REJECTED || status.message != message)
+        .then(|| {
+            patch.explain(reason::POD_CREATION_REJECTED.to_owned(), message.clone());
+            Report {
+                reason: reason::POD_CREATION_REJECTED,
+                action: "CreatePod",
+                note: message,
+            }
+        });
+    (patch, report)
+}
+
+/// What a registration that met the runner's name already registered (a crash between registering and storing
+/// the config, or another runner's name) leads to ([`name_clash`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameClash {
+    /// The service no longer finds the name it just refused (its own eventual consistency): try again shortly.
+    Retry,
+    /// A registration an earlier attempt of this runner left, in its own scale set: remove it, then register.
+    RemoveEarlier(i64),
+    /// The name belongs to a runner of another scale set: this runner deletes itself so a new name is made.
+    Taken(Report),
+}
+
+/// [`NameClash`] for runner `name` of scale set `own_scale_set`, given what the service found under that name
+/// (`existing`: its registration id and scale set).
+pub fn name_clash(name: &str, own_scale_set: i64, existing: Option<(i64, i64)>) -> NameClash {
+    match existing {
+        None => NameClash::Retry,
+        Some((runner_id, scale_set)) if scale_set == own_scale_set => {
+            NameClash::RemoveEarlier(runner_id)
+        }
+        Some((_, scale_set)) => NameClash::Taken(Report {
+            reason: "RunnerNameTaken",
+            action: "GenerateJitConfig",
+            note: format!(
+                "a runner named {name} already exists in scale set {scale_set}; deleting this runner so a new one is \
+                 created"
+            ),
+        }),
     }
 }
 
@@ -414,6 +500,71 @@ mod tests {
             registration_check_due(None, || false, confirmation),
             Ok(false)
         );
+    }
+
+    #[test]
+    fn a_first_attempt_writes_nothing_before_its_pod_and_a_later_one_clears_what_the_last_left() {
+        let id = identity(8);
+        assert!(before_pod(&EphemeralRunnerStatus::default(), &id, || unreachable!()).is_none());
+        let refused = EphemeralRunnerStatus {
+            reason: reason::POD_CREATION_REJECTED.to_owned(),
+            message: "quota".to_owned(),
+            ..EphemeralRunnerStatus::default()
+        };
+        let patch = before_pod(&refused, &id, || Some("3".to_owned())).expect("a write");
+        assert_eq!(patch.phase, Some(RunnerPhase::Pending));
+        assert_eq!(patch.reason, Some(None), "the refusal's reason goes");
+        assert_eq!(
+            (patch.runner_id, patch.holds_at.as_deref()),
+            (Some(Some(8)), Some("3"))
+        );
+        let failed_before = EphemeralRunnerStatus {
+            phase: phase::PENDING.to_owned(),
+            runner_id: 7,
+            runner_name: "r".to_owned(),
+            ..EphemeralRunnerStatus::default()
+        };
+        let patch = before_pod(&failed_before, &id, || unreachable!()).expect("a write");
+        assert_eq!(patch.leaves, Some(7), "the earlier registration is left");
+        assert_eq!(patch.phase, None, "already Pending");
+    }
+
+    #[test]
+    fn a_refused_pod_is_reported_once_per_message_and_forgets_the_registration() {
+        let (patch, report) =
+            pod_rejected(&EphemeralRunnerStatus::default(), "exceeded quota", Some(9));
+        assert_eq!(
+            patch.leaves,
+            Some(9),
+            "the registration this pass recorded, which the status in hand predates"
+        );
+        assert_eq!(patch.runner_id, Some(None));
+        let report = report.expect("reported");
+        assert_eq!(report.note, "Failed to create the pod: exceeded quota");
+        let shown = EphemeralRunnerStatus {
+            reason: reason::POD_CREATION_REJECTED.to_owned(),
+            message: report.note.clone(),
+            ..EphemeralRunnerStatus::default()
+        };
+        let (patch, again) = pod_rejected(&shown, "exceeded quota", None);
+        assert!(
+            again.is_none() && patch.is_empty(),
+            "said already: nothing to write"
+        );
+    }
+
+    #[test]
+    fn a_name_clash_removes_only_this_scale_sets_earlier_registration() {
+        assert_eq!(name_clash("r", 1, None), NameClash::Retry);
+        assert_eq!(
+            name_clash("r", 1, Some((7, 1))),
+            NameClash::RemoveEarlier(7)
+        );
+        let NameClash::Taken(report) = name_clash("r", 1, Some((7, 2))) else {
+            panic!("taken");
+        };
+        assert_eq!(report.reason, "RunnerNameTaken");
+        assert!(report.note.contains("scale set 2"), "{}", report.note);
     }
 
     #[test]

@@ -49,27 +49,10 @@ impl Step<'_> {
                     .await;
             }
         };
-        // A first attempt writes no status before its pod: the identity goes into the status with the first state
-        // worth showing (the pod running, or waiting on something, see `follow`), one write fewer per runner. The
-        // listener may report the runner's job before that write: it records the identity with the job then (a
-        // server-side apply, refused when the status records another registration). A later attempt clears what
-        // the earlier ones left (a failure, a quota or admission message) before its pod, with the identity and
-        // phase Pending (the API server makes every new pod Pending), as one write.
-        let status = self.status();
-        let recorded_before_pod = !status.phase.is_empty()
-            || status.ready
-            || !status.reason.is_empty()
-            || !status.message.is_empty()
-            || status.runner_id != 0;
-        if recorded_before_pod {
-            let mut patch = StatusPatch::default();
-            self.record_identity(identity, &mut patch);
-            if status.phase != phase::PENDING || status.ready || !status.reason.is_empty() {
-                patch.phase = Some(RunnerPhase::Pending);
-                patch.ready = Some(false);
-                patch.explain(String::new(), String::new());
-            }
-            self.patch_status(&patch).await?;
+        let before = pod_steps::before_pod(&self.status(), identity, || self.view_version());
+        let recorded_before_pod = before.is_some();
+        if let Some(patch) = &before {
+            self.patch_status(patch).await?;
         }
         match self.pods.create(&PostParams::default(), &pod).await {
             Ok(created) => {
@@ -169,22 +152,9 @@ impl Step<'_> {
         recorded_now: Option<i64>,
     ) -> Result<Action> {
         self.count_rejection(class);
-        let status = self.status();
-        let message = format!("Failed to create the pod: {message}");
-        let mut patch = StatusPatch::default();
-        let recorded = recorded_now.unwrap_or(status.runner_id);
-        if recorded != 0 {
-            patch.forget_identity(recorded);
-        }
-        if status.reason != reason::POD_CREATION_REJECTED || status.message != message {
-            self.event(
-                EventType::Warning,
-                reason::POD_CREATION_REJECTED,
-                "CreatePod",
-                message.clone(),
-            )
-            .await;
-            patch.explain(reason::POD_CREATION_REJECTED.to_owned(), message);
+        let (patch, report) = pod_steps::pod_rejected(&self.status(), &message, recorded_now);
+        if let Some(report) = report {
+            self.report(report).await;
         }
         self.patch_status(&patch).await?;
         Ok(Action::requeue(self.ctx.options.runner.pod_rejection_retry))

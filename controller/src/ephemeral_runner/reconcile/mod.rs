@@ -53,7 +53,7 @@ use super::lifecycle::{
 };
 use super::memory::RunnerMemory;
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
-use super::pod_steps::{self, AfterCheck, Following, PodFailed, Report};
+use super::pod_steps::{self, AfterCheck, Following, NameClash, PodFailed, Report};
 use super::policy::{
     CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay, judge_pod,
     remaining_failure_backoff, starting_normally,

@@ -106,33 +106,33 @@ impl Step<'_> {
 
     /// The service already has a runner with this name (a crash between registering and storing the config).
     pub(super) async fn resolve_name_clash(&self, actions: &Actions) -> Result<Registration> {
-        let Some(existing) = actions.get_runner_by_name(&self.name).await? else {
-            return Ok(Registration::Wait(Action::requeue(SERVICE_RETRY)));
-        };
-        if existing.runner_scale_set_id == self.runner.spec.runner_scale_set_id {
-            tracing::info!(
-                runner_id = existing.id,
-                "removing a registration left by an earlier attempt"
-            );
-            return match actions.remove_runner(existing.id).await? {
-                Removal::Removed => Ok(Registration::Wait(Action::requeue(Duration::ZERO))),
-                Removal::JobStillRunning => Ok(Registration::Wait(Action::requeue(
-                    self.ctx.options.runner.job_still_running_requeue,
-                ))),
-            };
-        }
-        self.event(
-            EventType::Warning,
-            "RunnerNameTaken",
-            "GenerateJitConfig",
-            format!(
-                "a runner named {} already exists in scale set {}; deleting this runner so a new one is created",
-                self.name, existing.runner_scale_set_id
-            ),
-        )
-        .await;
-        self.delete_self().await?;
-        Ok(Registration::Wait(Action::await_change()))
+        let existing = actions
+            .get_runner_by_name(&self.name)
+            .await?
+            .map(|existing| (existing.id, existing.runner_scale_set_id));
+        Ok(Registration::Wait(
+            match pod_steps::name_clash(&self.name, self.runner.spec.runner_scale_set_id, existing)
+            {
+                NameClash::Retry => Action::requeue(SERVICE_RETRY),
+                NameClash::RemoveEarlier(runner_id) => {
+                    tracing::info!(
+                        runner_id,
+                        "removing a registration left by an earlier attempt"
+                    );
+                    match actions.remove_runner(runner_id).await? {
+                        Removal::Removed => Action::requeue(Duration::ZERO),
+                        Removal::JobStillRunning => {
+                            Action::requeue(self.ctx.options.runner.job_still_running_requeue)
+                        }
+                    }
+                }
+                NameClash::Taken(report) => {
+                    self.report(report).await;
+                    self.delete_self().await?;
+                    Action::await_change()
+                }
+            },
+        ))
     }
 
     /// The registration to remove: `identity`, else a lookup by name (a crash between registering and recording).
