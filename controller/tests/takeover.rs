@@ -423,7 +423,12 @@ async fn fixture(line: Line, prefix: &str) -> Fixture {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": listener, "labels": {"app.kubernetes.io/component": "runner-scale-set-listener"},
                          "ownerReferences": owner("AutoscalingListener", &listener, &al.uid().expect("uid"))},
-            "spec": {"containers": [{"name": "listener", "image": "ghcr.io/actions/gha-runner-scale-set-controller:0.14.2"}],
+            // ARC's listener reads its config from the Secret, mounted as `listener-config` (the project's listener
+            // reads the same file: `an_arc_listener_still_polling_hands_its_session_over` runs it in this pod).
+            "spec": {"containers": [{"name": "listener", "image": "ghcr.io/actions/gha-runner-scale-set-controller:0.14.2",
+                                     "env": [{"name": "LISTENER_CONFIG_PATH", "value": "/etc/gha-listener/config.json"}],
+                                     "volumeMounts": [{"name": "listener-config", "mountPath": "/etc/gha-listener", "readOnly": true}]}],
+                     "volumes": [{"name": "listener-config", "secret": {"secretName": format!("{listener}-config")}}],
                      "restartPolicy": "Never", "serviceAccountName": listener},
         }),
     )
@@ -507,10 +512,12 @@ async fn listener_objects(
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": format!("{listener}-config"), "labels": labels,
                          "ownerReferences": owned_by_listener},
+            // The keys every release writes (the credentials inlined, no vault, no metrics here).
             "stringData": {"config.json": json!({
-                "configure_url": env.config_url, "ephemeral_runner_set_namespace": ns,
-                "ephemeral_runner_set_name": runner_set, "max_runners": 10, "min_runners": 0,
-                "runner_scale_set_id": env.scale_set_id, "token": "ghp_test",
+                "configure_url": env.config_url, "github_token": "ghp_test",
+                "ephemeral_runner_set_namespace": ns, "ephemeral_runner_set_name": runner_set,
+                "max_runners": 10, "min_runners": 0, "runner_scale_set_id": env.scale_set_id,
+                "runner_scale_set_name": ARS, "log_level": "debug", "log_format": "text",
             }).to_string()},
         }),
     )
@@ -731,6 +738,95 @@ async fn take_over(line: Line, prefix: &str) {
         "registrations left after the uninstall: {:?}",
         env.registered()
     );
+    manager.stop().await;
+}
+
+/// ARC's listener still polling when the manager starts: the project's listener binary runs in ARC's 0.14.2 listener
+/// pod, with ARC's config Secret and ARC's RBAC (it speaks the same protocol), and holds the scale set's one message
+/// session, as ARC's would. The manager stops it before the set's own listener starts: the stopped listener closes
+/// its session, the set's own listener holds the only one, and a new job scales the set's own runner set, never
+/// ARC's.
+#[tokio::test]
+async fn an_arc_listener_still_polling_hands_its_session_over() {
+    let fixture = fixture(Line::V0_14_2, "to-poll").await;
+    let env = &fixture.env;
+    // The session the fixture used to hand the busy runner its job stands for ARC's listener's: it goes, and ARC's
+    // listener, run for real from here, makes its own.
+    env.fake
+        .state()
+        .drop_sessions(&fake_actions_service::DropSessions {
+            session_id: None,
+            scale_set_id: Some(env.scale_set_id),
+        });
+    let _executor = env.listener_executor();
+    let sessions = || {
+        env.fake
+            .state()
+            .snapshot()
+            .sessions
+            .into_iter()
+            .filter(|session| session.scale_set_id == env.scale_set_id)
+            .collect::<Vec<_>>()
+    };
+    let arcs = env
+        .eventually("ARC's listener polls on its session", || async {
+            sessions().into_iter().find(|session| session.polls > 0)
+        })
+        .await;
+    let closed_before = env.fake.state().count("delete_session");
+
+    let manager = env.start(manager_options(env));
+    let ours = env
+        .eventually(
+            "the set's own listener polls on the only session",
+            || async {
+                let now = sessions();
+                match now.as_slice() {
+                    [only] if only.id != arcs.id && only.polls > 0 => Some(only.clone()),
+                    _ => None,
+                }
+            },
+        )
+        .await;
+    assert!(
+        env.fake.state().count("delete_session") > closed_before,
+        "ARC's listener closed its session as it stopped (session {} of {})",
+        arcs.id,
+        arcs.owner_name
+    );
+    env.eventually("ARC's runner sets gone", || async {
+        let sets = env.sets().list(&ListParams::default()).await.ok()?.items;
+        sets.iter().all(|set| set.name_any() == ARS).then_some(())
+    })
+    .await;
+
+    // A new job: the set's own listener asks the set's own runner set for a runner beside the busy one.
+    env.fake
+        .state()
+        .enqueue_jobs(&fake_actions_service::EnqueueJobs {
+            scale_set_id: Some(env.scale_set_id),
+            count: 1,
+            ..fake_actions_service::EnqueueJobs::default()
+        })
+        .expect("enqueue a job");
+    env.eventually(
+        "the set's own runner set scaled for the new job",
+        || async {
+            let set = env.sets().get_opt(ARS).await.ok()??;
+            (set.spec.replicas >= 2).then_some(())
+        },
+    )
+    .await;
+    let sets = env.sets().list(&ListParams::default()).await.expect("sets");
+    assert_eq!(
+        sets.items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>(),
+        [ARS],
+        "no runner set of ARC's came back"
+    );
+    assert_eq!(sessions().len(), 1, "one session: {ours:?}");
     manager.stop().await;
 }
 

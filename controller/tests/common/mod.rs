@@ -107,6 +107,20 @@ impl Env {
         }
     }
 
+    /// Runs the listener pods of this test's namespace as the real listener binary (each as its pod's
+    /// ServiceAccount, with the config its Secret holds), until dropped.
+    pub fn listener_executor(&self) -> test_harness::ListenerExecutor {
+        let binary =
+            test_harness::workspace_binary("listener", "listener").expect("listener binary");
+        test_harness::ListenerExecutor::start(
+            self.ctx.control_plane,
+            self.ctx.client.clone(),
+            Some(&self.ctx.namespace),
+            binary,
+        )
+        .expect("listener executor")
+    }
+
     /// Options with short delays, watching this test's namespace only.
     pub fn options(&self) -> Options {
         let mut options = Options {
