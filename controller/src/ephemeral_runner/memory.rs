@@ -129,8 +129,8 @@ impl Endings {
 /// ([`RunnerMemory::snapshot`]), so that the facts never mix two moments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The runner was disrupted at least once.
-    pub disrupted: bool,
+    /// How many disruptions the runner had (none: never disrupted), and when the last was.
+    pub last_disruption: Option<(u32, Instant)>,
     /// This process created a pod whose identity the status does not show yet.
     pub knows_pod_identity: bool,
     /// The last pod creation failed with an error, and no pod was created since.
@@ -190,7 +190,7 @@ impl RunnerMemory {
         let record = inner.records.get(uid);
         let ending = inner.endings.get(uid);
         Snapshot {
-            disrupted: record.is_some_and(|record| record.disruptions.is_some()),
+            last_disruption: record.and_then(|record| record.disruptions),
             knows_pod_identity: record.is_some_and(|record| record.pod_identity.is_some()),
             pod_creation_failed: record.is_some_and(|record| record.pod_not_created.is_some()),
             tearing_down: ending.is_some_and(|ending| ending.tearing_down || ending.finalized),
@@ -840,15 +840,17 @@ mod tests {
         memory.pod_runs_under("u", "pod", 7, "r");
         memory.pod_not_created("u", 7, "boom".to_owned());
         memory.finalized("u");
+        let snapshot = memory.snapshot("u");
         assert_eq!(
-            memory.snapshot("u"),
+            snapshot,
             Snapshot {
-                disrupted: true,
+                last_disruption: memory.last_disruption("u"),
                 knows_pod_identity: true,
                 pod_creation_failed: true,
                 tearing_down: true,
             }
         );
+        assert_eq!(snapshot.last_disruption.map(|(count, _)| count), Some(1));
         memory.forget("u");
         assert_eq!(
             memory.snapshot("u"),

@@ -8,6 +8,7 @@ mod cache;
 pub mod facts;
 pub mod lifecycle;
 pub mod memory;
+pub mod observe;
 pub mod passes;
 pub mod pod;
 pub mod pod_steps;
@@ -65,7 +66,7 @@ impl RunnerContext {
 }
 
 async fn reconcile(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
-    if reconcile::teardown_lane(&runner, &ctx.base, &ctx.memory) {
+    if observe::teardown_lane(&runner, &ctx.base.stores, &ctx.memory) {
         // The teardown lane's runner (its pass would find so too): not worth waiting for its turn.
         return Ok(Action::await_change());
     }
@@ -88,7 +89,7 @@ fn error_policy(runner: Arc<EphemeralRunner>, error: &Error, ctx: Arc<RunnerCont
 pub const TEARDOWN_CONTROLLER: &str = "ephemeralrunner-teardown";
 
 async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Result<Action, Error> {
-    if !reconcile::teardown_lane(&runner, &ctx.base, &ctx.memory) {
+    if !observe::teardown_lane(&runner, &ctx.base.stores, &ctx.memory) {
         // The main lane's runner: its pass would return at once, after waiting for the main lane's turn.
         return Ok(Action::await_change());
     }

@@ -355,23 +355,4 @@ impl Step<'_> {
         self.delete_self().await?;
         Ok(Action::await_change())
     }
-
-    /// How long to wait before creating the next pod, after counted failures or disruptions.
-    pub(super) fn pod_backoff(&self) -> Option<Duration> {
-        let policy = &self.ctx.options.runner;
-        let status = self.status();
-        let after_failures = remaining_failure_backoff(
-            &status.failures,
-            policy.failure_backoff_base,
-            Timestamp::now(),
-        );
-        let after_disruptions = self
-            .memory
-            .last_disruption(&self.uid)
-            .and_then(|(count, at)| {
-                disruption_delay(count, policy.disruption_backoff_max).checked_sub(at.elapsed())
-            })
-            .filter(|left| !left.is_zero());
-        after_failures.max(after_disruptions)
-    }
 }

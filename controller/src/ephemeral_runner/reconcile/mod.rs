@@ -30,12 +30,11 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crds::EphemeralRunner;
 use crds::constants::{
-    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, INTEGRITY_HASH_ANNOTATION,
-    RUNNER_CONTAINER_NAME, RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
-    phase, reason,
+    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, RUNNER_CONTAINER_NAME,
+    RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, phase, reason,
 };
-use crds::{EphemeralRunner, EphemeralRunnerSet};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -48,15 +47,15 @@ use serde_json::json;
 use super::RunnerContext;
 use super::facts::{in_teardown, known_identity};
 use super::lifecycle::{
-    Facts, Next, PodFact, RunnerFact, SecretFact, Teardown, TeardownEnd, TeardownFacts,
+    Facts, Next, RunnerFact, SecretFact, Teardown, TeardownEnd, TeardownFacts,
     after_deregistration, decide, deregistration, plan_teardown,
 };
 use super::memory::RunnerMemory;
+use super::observe;
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
 use super::pod_steps::{self, AfterCheck, Following, NameClash, PodFailed, Report};
 use super::policy::{
-    CreateRejection, PodFailure, PodVerdict, classify_create_error, disruption_delay, judge_pod,
-    remaining_failure_backoff, starting_normally,
+    CreateRejection, PodFailure, PodVerdict, classify_create_error, judge_pod, starting_normally,
 };
 use super::status_patch::{RunnerPhase, StatusPatch};
 use crate::actions::{
@@ -65,7 +64,6 @@ use crate::actions::{
 use crate::completions::owner_set_key;
 use crate::context::Context;
 use crate::error::{Error, Result, is_status};
-use crate::hash::runner_spec_hash;
 use crate::kubeutil::{
     add_finalizers, controller_ref, delete_if_present, delete_terminated_pod, has_finalizer,
     name_and_namespace, remove_finalizers,
@@ -87,10 +85,7 @@ pub const POD_DELETED_REASON: &str = "PodDeleted";
 pub const POD_DELETED_EVENT: &str = "RunnerPodDeleted";
 /// Event reason when creating a runner's pod failed with an error (not a refusal) and its registration went.
 pub const POD_CREATION_FAILED_EVENT: &str = "RunnerPodCreationFailed";
-/// How long past its deletion deadline a pod may stay before its runner gives up the place: the kubelet stops the
-/// containers by the deadline and then reports; a pod still there this long after has no kubelet looking after it
-/// (a lost node), and the set needs the capacity elsewhere.
-const STUCK_TERMINATING_SLACK: Duration = Duration::from_secs(30);
+use super::observe::STUCK_TERMINATING_SLACK;
 /// Retry after the service said a runner name exists and then that it does not (its own eventual consistency).
 const SERVICE_RETRY: Duration = Duration::from_secs(1);
 /// How long a pass waits for the watch to bring a pod this process created before reading from the API server
@@ -98,23 +93,6 @@ const SERVICE_RETRY: Duration = Duration::from_secs(1);
 const POD_CREATED_EXPECTATION: Duration = Duration::from_secs(10);
 /// Upper bound of decision steps in one pass ([`super::lifecycle`]'s property tests show passes end sooner).
 const MAX_STEPS: usize = 16;
-
-/// Which lane's runner this is as the caches show it now: the teardown lane's ([`in_teardown`], or a teardown this
-/// process started), else the main lane's. Each lane asks before it waits for the runner's turn
-/// ([`super::passes::PassLocks`]): both lanes hear every runner's and pod's events, and a pass that would only
-/// find the runner is not its own must not queue behind the other lane's pass (in a burst, the teardown lane's
-/// workers then sat waiting for runners still being created while finished runners waited for a worker).
-/// Each pass checks again once it holds the turn.
-pub fn teardown_lane(runner: &EphemeralRunner, ctx: &Context, memory: &RunnerMemory) -> bool {
-    let (Some(name), Some(namespace)) = (runner.meta().name.as_deref(), runner.namespace()) else {
-        return false;
-    };
-    let pod = ctx
-        .stores
-        .pods
-        .get(&ObjectRef::new(name).within(&namespace));
-    in_teardown(runner, pod.as_deref()) || memory.is_tearing_down(&runner.uid().unwrap_or_default())
-}
 
 /// Reconciles one EphemeralRunner.
 #[tracing::instrument(skip(runner, lane), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
@@ -125,7 +103,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
         .fresher(&runner.uid().unwrap_or_default())
         .unwrap_or(runner);
     let step = Step::new(&runner, ctx, memory, ctx.client.clone())?;
-    if teardown_lane(&runner, ctx, memory) {
+    if observe::teardown_lane(&runner, &ctx.stores, memory) {
         // The teardown lane's ([`teardown`]), also once its deletion of the pod reached the cache before the
         // runner's own deletion did: a busy runner without a pod would otherwise look interrupted.
         return Ok(Action::await_change());
@@ -164,7 +142,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
             }
             Next::ReadPod => {
                 pod = step.read_pod().await?.map(Arc::new);
-                facts.pod = pod_fact(pod.as_deref(), Timestamp::now());
+                facts.pod = observe::pod_fact(pod.as_deref(), Timestamp::now());
             }
             Next::ReadRunner => {
                 let (fact, current) = step.read_self().await?;
@@ -246,22 +224,6 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
     Ok(Action::requeue(ctx.options.resync_interval))
 }
 
-/// What the pod in hand says, for [`decide`].
-fn pod_fact(pod: Option<&CachedPod>, now: Timestamp) -> PodFact {
-    let Some(pod) = pod else {
-        return PodFact::Gone;
-    };
-    let verdict = judge_pod(pod);
-    match &pod.meta().deletion_timestamp {
-        None => PodFact::Live(verdict),
-        Some(deadline) => PodFact::Terminating {
-            verdict,
-            past_deadline: Duration::try_from(now.duration_since(deadline.0))
-                .is_ok_and(|past| past > STUCK_TERMINATING_SLACK),
-        },
-    }
-}
-
 /// One reconcile's view of a runner.
 struct Step<'a> {
     runner: &'a EphemeralRunner,
@@ -306,63 +268,15 @@ impl<'a> Step<'a> {
         })
     }
 
-    /// What the cached runner and pod say, before anything is read from the API server.
+    /// What the cached runner and pod say, before anything is read from the API server ([`observe::facts`]).
     fn initial_facts(&self, pod: Option<&CachedPod>) -> Facts {
-        let status = self.status();
-        let memory = self.memory.snapshot(&self.uid);
-        let finalizers = self.runner.finalizers();
-        let has = |finalizer: &str| finalizers.iter().any(|have| have == finalizer);
-        Facts {
-            deleting: self.runner.meta().deletion_timestamp.is_some(),
-            done: self.runner.is_done(),
-            finalizers_missing: !has(EPHEMERAL_RUNNER_FINALIZER)
-                || !has(EPHEMERAL_RUNNER_REGISTRATION_FINALIZER),
-            failures: status.failures.len(),
-            max_failures: self.ctx.options.runner.max_pod_failures,
-            has_job: status.has_job(),
-            service_busy: false,
-            registered: status.runner_id != 0,
-            backoff: self.pod_backoff(),
-            // A refusal recorded in the status, or a creation that failed in this process: either way the next
-            // registration waits for a dry run the cluster admits.
-            rejected: status.reason == reason::POD_CREATION_REJECTED || memory.pod_creation_failed,
-            dry_run_passed: false,
-            pod: match pod {
-                None => PodFact::NotCached,
-                Some(pod) => pod_fact(Some(pod), Timestamp::now()),
-            },
-            secret: SecretFact::Unread,
-            fresh_runner: RunnerFact::Unread,
-            // Only a runner about to register needs it (hashing the template is not free).
-            outdated_template: pod.is_none() && self.template_outdated(),
-            first_attempt: status.phase.is_empty()
-                && status.reason.is_empty()
-                && status.runner_id == 0
-                && status.failures.is_empty()
-                && !memory.disrupted
-                && !memory.knows_pod_identity
-                && !memory.pod_creation_failed,
-        }
-    }
-
-    /// Whether the runner's set, as cached, has a newer template than the one the runner was made from (each
-    /// runner records it in `actions.github.com/integrity-hash`; one without the record is taken as current).
-    fn template_outdated(&self) -> bool {
-        let Some(made_from) = self.runner.annotations().get(INTEGRITY_HASH_ANNOTATION) else {
-            return false;
-        };
-        let Some(owner) = self.runner.owner_references().iter().find(|owner| {
-            owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
-        }) else {
-            return false;
-        };
-        self.ctx
-            .stores
-            .runner_sets
-            .get(&ObjectRef::new(&owner.name).within(&self.namespace))
-            .filter(|set| set.uid().as_deref() == Some(owner.uid.as_str()))
-            .and_then(|set| runner_spec_hash(&set.spec.ephemeral_runner_spec).ok())
-            .is_some_and(|current| current != *made_from)
+        observe::facts(
+            self.runner,
+            pod,
+            &self.memory.snapshot(&self.uid),
+            &self.ctx.options.runner,
+            || observe::template_outdated(self.runner, &self.ctx.stores),
+        )
     }
 
     fn status(&self) -> crds::EphemeralRunnerStatus {
@@ -377,27 +291,9 @@ impl<'a> Step<'a> {
             .get(&ObjectRef::new(&self.name).within(&self.namespace))
     }
 
-    /// Whether the runner's end came while this pass ran: the teardown lane finalized it, or the caches now show it
-    /// deleted or its pod finished. A pass whose writes waited behind a burst's creations (the main lane's client
-    /// rate limit) then has nothing left to mirror: its write would reach a runner on its way out, or one already
-    /// gone (answered 404; 0.43 status writes per job in a 500-job burst, docs/benchmarks.md).
+    /// Whether the runner's end came while this pass ran ([`observe::ended_meanwhile`]).
     fn ended_meanwhile(&self) -> bool {
-        if self.memory.is_tearing_down(&self.uid) {
-            return true;
-        }
-        let runner_going = self
-            .ctx
-            .stores
-            .runners
-            .get(&ObjectRef::new(&self.name).within(&self.namespace))
-            .is_none_or(|cached| {
-                cached.uid().as_deref() != Some(self.uid.as_str())
-                    || cached.meta().deletion_timestamp.is_some()
-            });
-        let pod_ended = self.cached_pod().is_some_and(|pod| {
-            pod.meta().deletion_timestamp.is_some() || judge_pod(&pod) == PodVerdict::Succeeded
-        });
-        runner_going || pod_ended
+        observe::ended_meanwhile(self.runner, &self.ctx.stores, self.memory)
     }
 
     fn failures(&self) -> usize {
