@@ -82,8 +82,13 @@ step "cargo test: the waiting lane (real-node tier, served conditions)"
 cat "$waiting_log"
 rm -f "$waiting_log"
 disk "after the tests"
-if [ "$tests" != 0 ] || [ "$waiting" != 0 ]; then
-  echo "error: tests failed (workspace lane: $tests, waiting lane: $waiting; 0 = passed)" >&2
+# The end-to-end scale-set suite once more with github.com's direct job assignment (jobs arrive assigned, nothing
+# is acquired); above it ran GHES's acquire flow but for the tests that ask for direct assignment themselves.
+step "cargo test: the end-to-end scale-set suite with direct job assignment"
+direct=0
+E2E_JOB_DELIVERY=direct cargo test --workspace --locked --no-fail-fast --test scale_set "$@" || direct=1
+if [ "$tests" != 0 ] || [ "$waiting" != 0 ] || [ "$direct" != 0 ]; then
+  echo "error: tests failed (workspace lane: $tests, waiting lane: $waiting, direct assignment: $direct; 0 = passed)" >&2
   exit 1
 fi
 

@@ -73,6 +73,7 @@ impl Default for WorldConfig {
             fake: fake_actions_service::Config {
                 session_idle_timeout: Some(Duration::from_secs(20)),
                 long_poll_timeout: Duration::from_secs(10),
+                job_delivery: default_job_delivery(),
                 ..fake_actions_service::Config::default()
             },
             tune: |_| {},
@@ -80,6 +81,20 @@ impl Default for WorldConfig {
             manager_args: Vec::new(),
             controller_values: json!({}),
         }
+    }
+}
+
+/// How the fake hands jobs over unless a test says otherwise: GHES's acquire flow, or github.com's direct assignment
+/// with `E2E_JOB_DELIVERY=direct` (tests/run.sh runs the scale-set suite both ways).
+///
+/// # Panics
+/// On any other value of `E2E_JOB_DELIVERY`: a typo must not run the suite in the mode it did not ask for.
+pub fn default_job_delivery() -> fake_actions_service::JobDelivery {
+    use fake_actions_service::JobDelivery;
+    match std::env::var("E2E_JOB_DELIVERY").as_deref() {
+        Err(_) | Ok("acquire") => JobDelivery::Acquire,
+        Ok("direct") => JobDelivery::Direct,
+        Ok(other) => panic!("E2E_JOB_DELIVERY={other}: expected acquire or direct"),
     }
 }
 

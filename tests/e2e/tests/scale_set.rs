@@ -64,9 +64,9 @@ async fn a_burst_of_jobs_completes_and_the_set_returns_to_min_runners() {
 }
 
 /// `config` with jobs delivered as github.com does: assigned to the scale set directly (`JobAssigned`, no
-/// `JobAvailable`, nothing to acquire). The suite's other tests run GHES's acquire flow; the ones about a process
-/// that goes away or a scale set deleted run this way, where the listener has only the assignments and the
-/// statistics to go by.
+/// `JobAvailable`, nothing to acquire). The suite's other tests run the world's default, GHES's acquire flow unless
+/// `E2E_JOB_DELIVERY=direct` (tests/run.sh runs the suite both ways); the ones about a process that goes away or a
+/// scale set deleted always run this way, where the listener has only the assignments and the statistics to go by.
 fn assigned_directly(config: WorldConfig) -> WorldConfig {
     WorldConfig {
         fake: fake_actions_service::Config {
