@@ -7,9 +7,10 @@ use serde::Serialize;
 use crate::error::{Rejection, exceptions};
 use crate::faults::InjectedError;
 use crate::routes::{Endpoint, NoRoute, Surface};
-use crate::state::State;
+use crate::state::{DEFAULT_PER_PAGE, MAX_PER_PAGE, RunJobsFilter, RunJobsQuery, State};
 use crate::wire::{
-    ExceptionJson, GitHubErrorJson, JitRequest, ListEnvelope, ScaleSetInput, SessionInput,
+    ExceptionJson, GitHubErrorJson, JitRequest, ListEnvelope, RerunJobInput, ScaleSetInput,
+    SessionInput,
 };
 
 /// The parts of a request the handlers read.
@@ -27,9 +28,11 @@ pub struct ApiRequest<'a> {
     pub body: &'a [u8],
     /// URL the fake is reached under, without trailing slash.
     pub base_url: &'a str,
+    /// Path of the request as received (for pagination links).
+    pub path: &'a str,
 }
 
-/// A response before framing: status, optional JSON body, optional `Retry-After`.
+/// A response before framing: status, optional JSON body, optional `Retry-After` and `Link`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
     /// HTTP status.
@@ -38,6 +41,8 @@ pub struct Reply {
     pub body: Option<Vec<u8>>,
     /// `Retry-After` seconds.
     pub retry_after_secs: Option<u64>,
+    /// `Link` header (GitHub's pagination links).
+    pub link: Option<String>,
 }
 
 impl Reply {
@@ -47,6 +52,7 @@ impl Reply {
             status,
             body: None,
             retry_after_secs: None,
+            link: None,
         }
     }
 
@@ -57,6 +63,7 @@ impl Reply {
                 status,
                 body: Some(body),
                 retry_after_secs: None,
+                link: None,
             },
             Err(error) => Self::rejection(
                 Surface::Actions,
@@ -182,6 +189,69 @@ fn require_api_version(request: &ApiRequest<'_>) -> Result<(), Rejection> {
     }
 }
 
+/// `per_page` and `page` of a GitHub list: a positive integer, else the default; `per_page` at most
+/// [`MAX_PER_PAGE`].
+fn page_number(request: &ApiRequest<'_>, key: &str, default: usize) -> usize {
+    query(request, key)
+        .and_then(|value| value.trim().parse::<usize>().ok())
+        .filter(|number| *number > 0)
+        .unwrap_or(default)
+}
+
+fn run_jobs_query(request: &ApiRequest<'_>) -> Result<RunJobsQuery, Rejection> {
+    let filter = match query(request, "filter") {
+        None => RunJobsFilter::Latest,
+        Some(value) if value.eq_ignore_ascii_case("latest") => RunJobsFilter::Latest,
+        Some(value) if value.eq_ignore_ascii_case("all") => RunJobsFilter::All,
+        Some(value) => {
+            return Err(Rejection::new(
+                422,
+                format!("filter must be latest or all, got {value:?}"),
+            ));
+        }
+    };
+    Ok(RunJobsQuery {
+        filter,
+        per_page: page_number(request, "per_page", DEFAULT_PER_PAGE).min(MAX_PER_PAGE),
+        page: page_number(request, "page", 1),
+    })
+}
+
+/// GitHub's `Link` header for page `page` of `last_page`: `prev` and `first` after the first page, `next` and
+/// `last` before the last one; `None` when there is only one page and it was asked for. The URLs are the request's
+/// with `page` replaced.
+fn pagination_link(request: &ApiRequest<'_>, page: usize, last_page: usize) -> Option<String> {
+    let mut rels = Vec::new();
+    if page > 1 {
+        rels.push(("prev", (page - 1).min(last_page)));
+    }
+    if page < last_page {
+        rels.push(("next", page + 1));
+        rels.push(("last", last_page));
+    }
+    if page > 1 {
+        rels.push(("first", 1));
+    }
+    if rels.is_empty() {
+        return None;
+    }
+    let url = |number: usize| {
+        let mut pairs = url::form_urlencoded::Serializer::new(String::new());
+        for (name, value) in request.query {
+            if !name.eq_ignore_ascii_case("page") {
+                pairs.append_pair(name, value);
+            }
+        }
+        pairs.append_pair("page", &number.to_string());
+        format!("{}{}?{}", request.base_url, request.path, pairs.finish())
+    };
+    let links: Vec<String> = rels
+        .into_iter()
+        .map(|(rel, number)| format!("<{}>; rel=\"{rel}\"", url(number)))
+        .collect();
+    Some(links.join(", "))
+}
+
 /// Handle any endpoint but the long poll (see [`prepare_poll`]).
 pub fn handle(state: &mut State, request: &ApiRequest<'_>) -> Reply {
     let surface = request.endpoint.surface();
@@ -205,6 +275,39 @@ fn dispatch(state: &mut State, request: &ApiRequest<'_>) -> Result<Reply, Reject
             201,
             &state.runner_registration(request.authorization, request.body, request.base_url)?,
         )),
+        Endpoint::ListRunJobs {
+            owner,
+            repository,
+            run,
+        } => {
+            state.authorize_github(request.authorization)?;
+            let query = run_jobs_query(request)?;
+            let listed = state.run_jobs(owner, repository, *run, query, request.base_url)?;
+            Ok(Reply {
+                link: pagination_link(request, query.page, listed.last_page),
+                ..Reply::json(200, &listed.body)
+            })
+        }
+        Endpoint::RerunJob {
+            owner,
+            repository,
+            job,
+        } => {
+            state.authorize_github(request.authorization)?;
+            let input: RerunJobInput = if request.body.iter().all(u8::is_ascii_whitespace) {
+                RerunJobInput::default()
+            } else {
+                serde_json::from_slice(request.body)
+                    .map_err(|_| Rejection::new(400, "Problems parsing JSON"))?
+            };
+            state.rerun_job(
+                owner,
+                repository,
+                *job,
+                input.enable_debug_logging.unwrap_or(false),
+            )?;
+            Ok(Reply::json(201, &serde_json::Map::new()))
+        }
         Endpoint::GetMessage => Err(Rejection::new(
             500,
             "the long poll is handled by the server loop",
@@ -252,6 +355,8 @@ fn admin_tenant(endpoint: &Endpoint) -> i64 {
         Endpoint::InstallationToken { .. }
         | Endpoint::RegistrationToken { .. }
         | Endpoint::RunnerRegistration
+        | Endpoint::ListRunJobs { .. }
+        | Endpoint::RerunJob { .. }
         | Endpoint::GetMessage
         | Endpoint::DeleteMessage { .. } => 0,
     }
@@ -342,6 +447,8 @@ fn admin_dispatch(
         Endpoint::InstallationToken { .. }
         | Endpoint::RegistrationToken { .. }
         | Endpoint::RunnerRegistration
+        | Endpoint::ListRunJobs { .. }
+        | Endpoint::RerunJob { .. }
         | Endpoint::GetMessage
         | Endpoint::DeleteMessage { .. }
         | Endpoint::AcquireJobs { .. } => {
@@ -421,6 +528,98 @@ mod tests {
         assert_eq!(body["message"], "Bad credentials");
         assert!(body["documentation_url"].is_string());
         assert!(body.get("typeName").is_none());
+    }
+
+    fn list_request<'a>(endpoint: &'a Endpoint, query: &'a [(String, String)]) -> ApiRequest<'a> {
+        ApiRequest {
+            endpoint,
+            query,
+            authorization: None,
+            max_capacity: None,
+            body: b"",
+            base_url: "http://fake.test",
+            path: "/api/v3/repos/o/r/actions/runs/9/jobs",
+        }
+    }
+
+    #[test]
+    fn run_jobs_query_defaults_clamps_and_refuses_unknown_filters() {
+        let endpoint = Endpoint::ListRunJobs {
+            owner: "o".into(),
+            repository: "r".into(),
+            run: 9,
+        };
+        let pairs = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect()
+        };
+        let none = pairs(&[]);
+        assert_eq!(
+            run_jobs_query(&list_request(&endpoint, &none)).unwrap(),
+            RunJobsQuery::default()
+        );
+        let given = pairs(&[("filter", "all"), ("per_page", "500"), ("page", "3")]);
+        assert_eq!(
+            run_jobs_query(&list_request(&endpoint, &given)).unwrap(),
+            RunJobsQuery {
+                filter: RunJobsFilter::All,
+                per_page: 100,
+                page: 3
+            }
+        );
+        let junk = pairs(&[("per_page", "0"), ("page", "x")]);
+        assert_eq!(
+            run_jobs_query(&list_request(&endpoint, &junk)).unwrap(),
+            RunJobsQuery::default()
+        );
+        let bad = pairs(&[("filter", "newest")]);
+        assert_eq!(
+            run_jobs_query(&list_request(&endpoint, &bad))
+                .unwrap_err()
+                .status,
+            422
+        );
+    }
+
+    #[test]
+    fn pagination_link_has_github_rels() {
+        let endpoint = Endpoint::ListRunJobs {
+            owner: "o".into(),
+            repository: "r".into(),
+            run: 9,
+        };
+        let query = vec![
+            ("filter".to_owned(), "all".to_owned()),
+            ("page".to_owned(), "2".to_owned()),
+            ("per_page".to_owned(), "2".to_owned()),
+        ];
+        let request = list_request(&endpoint, &query);
+        let url = |page: u32| {
+            format!(
+                "http://fake.test/api/v3/repos/o/r/actions/runs/9/jobs?filter=all&per_page=2&page={page}"
+            )
+        };
+        assert_eq!(
+            pagination_link(&request, 1, 3).unwrap(),
+            format!("<{}>; rel=\"next\", <{}>; rel=\"last\"", url(2), url(3))
+        );
+        assert_eq!(
+            pagination_link(&request, 2, 3).unwrap(),
+            format!(
+                "<{}>; rel=\"prev\", <{}>; rel=\"next\", <{}>; rel=\"last\", <{}>; rel=\"first\"",
+                url(1),
+                url(3),
+                url(3),
+                url(1)
+            )
+        );
+        assert_eq!(
+            pagination_link(&request, 3, 3).unwrap(),
+            format!("<{}>; rel=\"prev\", <{}>; rel=\"first\"", url(2), url(1))
+        );
+        assert_eq!(pagination_link(&request, 1, 1), None);
     }
 
     #[test]

@@ -252,6 +252,24 @@ pub struct JobView {
     /// Failed because its runner stopped renewing it (see `Config::runner_lost_timeout`).
     #[serde(default)]
     pub runner_lost: bool,
+    /// Display name (`jobDisplayName`; `name` in the GitHub REST API).
+    #[serde(default)]
+    pub display_name: String,
+    /// Id of this job attempt in the GitHub REST API (`/actions/jobs/{id}`); not the request id.
+    #[serde(default)]
+    pub rest_id: i64,
+    /// Attempt of the workflow run the job belongs to: 1, then one more per re-run in the run.
+    #[serde(default)]
+    pub run_attempt: u32,
+    /// Request id of the job attempt this one re-runs.
+    #[serde(default)]
+    pub rerun_of: Option<i64>,
+    /// Request id of the attempt that re-ran this one; set once it is re-run.
+    #[serde(default)]
+    pub next_attempt: Option<i64>,
+    /// The re-run that created this attempt asked for debug logging.
+    #[serde(default)]
+    pub debug_logging: bool,
 }
 
 /// Everything the fake holds, for assertions.
@@ -271,6 +289,9 @@ pub struct StateSnapshot {
     /// Runner reports refused because their JIT config had been used by another runner process before.
     #[serde(default)]
     pub jit_config_reuses: u64,
+    /// Jobs re-run through the GitHub REST API (`POST .../actions/jobs/{id}/rerun` answered 201).
+    #[serde(default)]
+    pub job_reruns: u64,
 }
 
 /// Requests received per endpoint name (see `routes::ENDPOINT_NAMES`), injected faults included.

@@ -222,10 +222,28 @@ pub enum Endpoint {
         /// Scale set id.
         scale_set: i64,
     },
+    /// `GET /api/v3/repos/{owner}/{repo}/actions/runs/{run_id}/jobs`.
+    ListRunJobs {
+        /// Repository owner as written in the path.
+        owner: String,
+        /// Repository name as written in the path.
+        repository: String,
+        /// Workflow run id.
+        run: i64,
+    },
+    /// `POST /api/v3/repos/{owner}/{repo}/actions/jobs/{job_id}/rerun`.
+    RerunJob {
+        /// Repository owner as written in the path.
+        owner: String,
+        /// Repository name as written in the path.
+        repository: String,
+        /// REST id of the job (one attempt).
+        job: i64,
+    },
 }
 
 /// Every endpoint name, in the order of the reference's endpoint table; counters report these keys.
-pub const ENDPOINT_NAMES: [&str; 20] = [
+pub const ENDPOINT_NAMES: [&str; 22] = [
     "installation_token",
     "registration_token",
     "runner_registration",
@@ -246,6 +264,8 @@ pub const ENDPOINT_NAMES: [&str; 20] = [
     "delete_message",
     "acquire_jobs",
     "acquirable_jobs",
+    "list_run_jobs",
+    "rerun_job",
 ];
 
 impl Endpoint {
@@ -272,6 +292,8 @@ impl Endpoint {
             Self::DeleteMessage { .. } => "delete_message",
             Self::AcquireJobs { .. } => "acquire_jobs",
             Self::AcquirableJobs { .. } => "acquirable_jobs",
+            Self::ListRunJobs { .. } => "list_run_jobs",
+            Self::RerunJob { .. } => "rerun_job",
         }
     }
 
@@ -280,7 +302,9 @@ impl Endpoint {
         match self {
             Self::InstallationToken { .. }
             | Self::RegistrationToken { .. }
-            | Self::RunnerRegistration => Surface::GitHub,
+            | Self::RunnerRegistration
+            | Self::ListRunJobs { .. }
+            | Self::RerunJob { .. } => Surface::GitHub,
             Self::GetMessage | Self::DeleteMessage { .. } => Surface::Queue,
             _ => Surface::Actions,
         }
@@ -378,6 +402,27 @@ fn route_github(method: &Method, rest: &[&str]) -> Result<Endpoint, NoRoute> {
             },
         }),
         ["actions", "runner-registration"] => post(Endpoint::RunnerRegistration),
+        ["repos", owner, repository, "actions", "runs", run, "jobs"] => {
+            let run = parse_id(run, surface)?;
+            only(
+                method,
+                Method::GET,
+                surface,
+                Endpoint::ListRunJobs {
+                    owner: (*owner).to_owned(),
+                    repository: (*repository).to_owned(),
+                    run,
+                },
+            )
+        }
+        ["repos", owner, repository, "actions", "jobs", job, "rerun"] => {
+            let job = parse_id(job, surface)?;
+            post(Endpoint::RerunJob {
+                owner: (*owner).to_owned(),
+                repository: (*repository).to_owned(),
+                job,
+            })
+        }
         _ => Err(NoRoute::NotFound(Some(surface))),
     }
 }
@@ -517,6 +562,49 @@ mod tests {
     }
 
     #[test]
+    fn routes_run_jobs_and_rerun() {
+        assert_eq!(
+            route(
+                &Method::GET,
+                "/api/v3/repos/Octo/App/actions/runs/9000001/jobs/"
+            ),
+            Ok(Endpoint::ListRunJobs {
+                owner: "Octo".into(),
+                repository: "App".into(),
+                run: 9_000_001
+            })
+        );
+        assert_eq!(
+            route(
+                &Method::POST,
+                "/api/v3/repos/o/r/actions/jobs/30000001/rerun"
+            ),
+            Ok(Endpoint::RerunJob {
+                owner: "o".into(),
+                repository: "r".into(),
+                job: 30_000_001
+            })
+        );
+        assert_eq!(
+            route(&Method::POST, "/api/v3/repos/o/r/actions/runs/9/jobs"),
+            Err(NoRoute::MethodNotAllowed(Surface::GitHub))
+        );
+        assert_eq!(
+            route(&Method::GET, "/api/v3/repos/o/r/actions/jobs/7/rerun"),
+            Err(NoRoute::MethodNotAllowed(Surface::GitHub))
+        );
+        assert_eq!(
+            route(&Method::GET, "/api/v3/repos/o/r/actions/runs/x/jobs"),
+            Err(NoRoute::NotFound(Some(Surface::GitHub)))
+        );
+        // The fake serves the GitHub API in GHES form only, as for every other GitHub endpoint.
+        assert_eq!(
+            route(&Method::GET, "/repos/o/r/actions/runs/9/jobs"),
+            Err(NoRoute::NotFound(None))
+        );
+    }
+
+    #[test]
     fn routes_tolerate_duplicate_and_trailing_slashes() {
         assert_eq!(
             route(
@@ -635,6 +723,8 @@ mod tests {
                 Method::GET,
                 "/tenant/1/_apis/runtime/runnerscalesets/2/acquirablejobs",
             ),
+            (Method::GET, "/api/v3/repos/o/r/actions/runs/9/jobs"),
+            (Method::POST, "/api/v3/repos/o/r/actions/jobs/7/rerun"),
         ];
         let names: Vec<&str> = requests
             .iter()

@@ -203,6 +203,7 @@ async fn protocol(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -
         max_capacity: header_str(headers, "x-scalesetmaxcapacity"),
         body: &body,
         base_url: &base_url,
+        path: parts.uri.path(),
     };
     let reply = if endpoint == Endpoint::GetMessage {
         long_poll(&shared, &request).await
@@ -274,6 +275,12 @@ fn frame(shared: &Shared, surface: Option<Surface>, reply: Reply) -> Response {
     }
     if let Some(seconds) = reply.retry_after_secs {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if let Some(link) = reply
+        .link
+        .and_then(|link| HeaderValue::from_str(&link).ok())
+    {
+        headers.insert(header::LINK, link);
     }
     response
 }

@@ -345,6 +345,74 @@ pub struct ExceptionJson {
     pub event_id: i64,
 }
 
+/// A job of a workflow run in the GitHub REST API (one attempt of the job): the fields GitHub's job object has.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct WorkflowJobJson {
+    /// REST id, unique per attempt.
+    pub id: i64,
+    /// Workflow run id.
+    pub run_id: i64,
+    /// API URL of the run (not served by the fake).
+    pub run_url: String,
+    /// Attempt of the run this job ran in: 1, then one more per re-run.
+    pub run_attempt: u32,
+    /// Opaque GraphQL id.
+    pub node_id: String,
+    /// Commit of the run (made up, the same for every job of a run).
+    pub head_sha: String,
+    /// Branch of the run, from the workflow ref (`refs/heads/...`).
+    pub head_branch: Option<String>,
+    /// API URL of the job (not served by the fake).
+    pub url: String,
+    /// Web URL of the job (not served by the fake).
+    pub html_url: String,
+    /// `queued`, `in_progress` or `completed`.
+    pub status: String,
+    /// `success`, `failure`, `cancelled` or `skipped` once completed; null before.
+    pub conclusion: Option<String>,
+    /// When the job was queued.
+    pub created_at: String,
+    /// When it started on its runner (until then, when it was queued).
+    pub started_at: String,
+    /// When it completed; null before.
+    pub completed_at: Option<String>,
+    /// Display name.
+    pub name: String,
+    /// Steps; the fake has none.
+    pub steps: Vec<serde_json::Value>,
+    /// API URL of the job's check run (not served by the fake).
+    pub check_run_url: String,
+    /// `runs-on` labels.
+    pub labels: Vec<String>,
+    /// Runner that took the job; null before one did.
+    pub runner_id: Option<i64>,
+    /// Its name.
+    pub runner_name: Option<String>,
+    /// Runner group of the runner's scale set.
+    pub runner_group_id: Option<i64>,
+    /// Its name.
+    pub runner_group_name: Option<String>,
+    /// Workflow name: the workflow file's path, from the workflow ref.
+    pub workflow_name: Option<String>,
+}
+
+/// Answer of `GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs`: one page of jobs and the total.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct WorkflowJobsJson {
+    /// Jobs matching the filter, on all pages.
+    pub total_count: usize,
+    /// This page.
+    pub jobs: Vec<WorkflowJobJson>,
+}
+
+/// Body of `POST /repos/{owner}/{repo}/actions/jobs/{job_id}/rerun` (optional).
+#[derive(Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct RerunJobInput {
+    /// Re-run with debug logging.
+    #[serde(default)]
+    pub enable_debug_logging: Option<bool>,
+}
+
 /// Error body of the GitHub REST API.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct GitHubErrorJson {

@@ -27,8 +27,14 @@ use crate::wire::{
     SessionJson, Statistics, TokenJson,
 };
 
+mod runs;
 #[cfg(test)]
 mod tests;
+
+pub use runs::{
+    DEFAULT_PER_PAGE, MAX_PER_PAGE, RunJobsFilter, RunJobsPage, RunJobsQuery, github_conclusion,
+    github_status,
+};
 
 /// The zero time of Go's `time.Time`, which the clients send and expect for "not yet".
 pub const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
@@ -201,6 +207,16 @@ struct JobRec {
     times_acquired: u32,
     times_started: u32,
     times_requeued: u32,
+    /// Id of this attempt in the GitHub REST API (`/actions/jobs/{id}`), from its own range.
+    rest_id: i64,
+    /// Attempt of the workflow run this job belongs to (1, then one more per re-run in the run).
+    run_attempt: u32,
+    /// Request id of the attempt this one re-runs.
+    rerun_of: Option<i64>,
+    /// Request id of the attempt that re-ran this one (this one is then no longer the latest).
+    next_attempt: Option<i64>,
+    /// The re-run asked for debug logging.
+    debug_logging: bool,
 }
 
 /// The whole state of a fake instance.
@@ -233,6 +249,13 @@ pub struct State {
     next_job: i64,
     next_run: i64,
     next_message: i64,
+    next_rest_job: i64,
+    /// REST id of a job attempt → its request id.
+    rest_jobs: HashMap<i64, i64>,
+    /// Workflow run id → request ids of its jobs, every attempt, in creation order.
+    runs: HashMap<i64, Vec<i64>>,
+    /// Jobs re-run through the REST API.
+    job_reruns: u64,
 }
 
 impl State {
@@ -293,6 +316,11 @@ impl State {
             next_job: 500_001,
             next_run: 9_000_001,
             next_message: 1,
+            // REST job ids differ from request ids, as on GitHub, so a client sending one for the other fails.
+            next_rest_job: 30_000_001,
+            rest_jobs: HashMap::new(),
+            runs: HashMap::new(),
+            job_reruns: 0,
         })
     }
 
@@ -484,25 +512,34 @@ impl State {
         })
     }
 
-    /// `POST /{scope}/actions/runners/registration-token` with a PAT or an installation token.
-    pub fn registration_token(
-        &mut self,
-        authorization: Option<&str>,
-        scope: &Scope,
-    ) -> Result<TokenJson, Rejection> {
+    /// Check the credential of a GitHub REST call made with a PAT or an installation token (`Bearer` or
+    /// `token`): tokens this fake issued must be unexpired; unknown credentials pass only without strict mode
+    /// (in strict mode they must be a configured PAT).
+    pub fn authorize_github(&self, authorization: Option<&str>) -> Result<(), Rejection> {
         let credential = auth::credential(authorization, &["Bearer", "token"])
             .ok_or_else(|| Rejection::new(401, "Requires authentication"))?;
         let now = self.now_ms();
-        // Tokens this fake issued are always checked; unknown credentials pass only without strict mode.
         let accepted = match self.installation_tokens.get(credential) {
             Some(expires) => *expires > now,
             None => self
                 .strict()
                 .is_none_or(|strict| strict.pats.iter().any(|pat| pat == credential)),
         };
-        if !accepted {
-            return Err(Rejection::new(401, "Bad credentials"));
+        if accepted {
+            Ok(())
+        } else {
+            Err(Rejection::new(401, "Bad credentials"))
         }
+    }
+
+    /// `POST /{scope}/actions/runners/registration-token` with a PAT or an installation token.
+    pub fn registration_token(
+        &mut self,
+        authorization: Option<&str>,
+        scope: &Scope,
+    ) -> Result<TokenJson, Rejection> {
+        self.authorize_github(authorization)?;
+        let now = self.now_ms();
         let token = self.rng.alphanumeric(29).to_ascii_uppercase();
         let expires = now + self.settings.registration_token_lifetime;
         self.registration_tokens
@@ -1610,6 +1647,7 @@ impl State {
         let mut ids = Vec::new();
         for index in 1..=request.count.max(1) {
             let request_id = Self::fresh_id(&mut self.next_job);
+            let rest_id = Self::fresh_id(&mut self.next_rest_job);
             let job = JobRec {
                 request_id,
                 job_id: self.rng.uuid(),
@@ -1640,8 +1678,15 @@ impl State {
                 times_acquired: 0,
                 times_started: 0,
                 times_requeued: 0,
+                rest_id,
+                run_attempt: 1,
+                rerun_of: None,
+                next_attempt: None,
+                debug_logging: false,
             };
             self.jobs.insert(request_id, job);
+            self.rest_jobs.insert(rest_id, request_id);
+            self.runs.entry(run).or_default().push(request_id);
             self.offer(request_id);
             ids.push(request_id);
         }
@@ -2001,6 +2046,12 @@ impl State {
             times_started: job.times_started,
             times_requeued: job.times_requeued,
             runner_lost: job.runner_lost,
+            display_name: job.display_name.clone(),
+            rest_id: job.rest_id,
+            run_attempt: job.run_attempt,
+            rerun_of: job.rerun_of,
+            next_attempt: job.next_attempt,
+            debug_logging: job.debug_logging,
         })
     }
 
@@ -2074,6 +2125,7 @@ impl State {
                 .filter_map(|id| self.job_view(*id).ok())
                 .collect(),
             jit_config_reuses: self.jit_config_reuses,
+            job_reruns: self.job_reruns,
         }
     }
 }

@@ -986,3 +986,372 @@ mod github {
         );
     }
 }
+
+// -------------------------------------------------------------------------------------------------------------
+// Workflow runs in the GitHub REST API: a run's jobs and job re-runs.
+
+fn run_of(state: &State, job: i64) -> (i64, i64) {
+    let view = state.job_view(job).unwrap();
+    (view.workflow_run_id, view.rest_id)
+}
+
+fn list(state: &State, run: i64, filter: RunJobsFilter) -> Vec<crate::wire::WorkflowJobJson> {
+    state
+        .run_jobs(
+            "my-org",
+            "repo",
+            run,
+            RunJobsQuery {
+                filter,
+                ..RunJobsQuery::default()
+            },
+            BASE,
+        )
+        .unwrap()
+        .body
+        .jobs
+}
+
+/// Online runner `name` in `set`; returns its id.
+fn online_runner(state: &mut State, tenant: i64, set: i64, name: &str) -> i64 {
+    let runner = jit(state, tenant, set, name).runner.id;
+    state
+        .mark_runner_online(&RunnerSelector {
+            runner_id: Some(runner),
+            jit_config: None,
+        })
+        .unwrap();
+    runner
+}
+
+#[test]
+fn a_failed_job_is_rerun_as_a_new_attempt_offered_like_a_new_job() {
+    let mut state = state();
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let job = enqueue(&mut state, set, 1)[0];
+    let (run, rest_id) = run_of(&state, job);
+    assert_ne!(rest_id, job, "REST ids are not request ids");
+
+    let queued = list(&state, run, RunJobsFilter::Latest);
+    assert_eq!(queued.len(), 1);
+    let first = &queued[0];
+    assert_eq!(
+        (
+            first.id,
+            first.run_id,
+            first.run_attempt,
+            first.status.as_str(),
+            first.conclusion.as_deref(),
+            first.runner_name.as_deref(),
+            first.completed_at.as_deref(),
+        ),
+        (rest_id, run, 1, "queued", None, None, None)
+    );
+    assert_eq!(first.name, "job-1");
+    assert_eq!(first.labels, vec!["set"]);
+    assert_eq!(first.head_branch.as_deref(), Some("main"));
+    assert_eq!(
+        first.workflow_name.as_deref(),
+        Some(".github/workflows/ci.yml")
+    );
+    assert_eq!(
+        first.url,
+        format!("{BASE}/api/v3/repos/my-org/repo/actions/jobs/{rest_id}")
+    );
+
+    let (id1, _, _) = poll(&mut state, &sess, 0).unwrap();
+    state.ack_message(&sess, id1).unwrap();
+    state.acquire_jobs(tenant, set, &sess, &[job]).unwrap();
+    let runner = online_runner(&mut state, tenant, set, "runner-1");
+    let assigned = &list(&state, run, RunJobsFilter::Latest)[0];
+    assert_eq!(
+        (assigned.status.as_str(), assigned.runner_id),
+        ("in_progress", Some(runner))
+    );
+    assert_eq!(
+        (
+            assigned.runner_group_id,
+            assigned.runner_group_name.as_deref()
+        ),
+        (Some(1), Some("Default"))
+    );
+    state.start_job(job).unwrap();
+    state.advance(Duration::from_secs(5));
+    state.finish_job(job, "failed").unwrap();
+    let failed = &list(&state, run, RunJobsFilter::Latest)[0];
+    assert_eq!(
+        (
+            failed.status.as_str(),
+            failed.conclusion.as_deref(),
+            failed.runner_name.as_deref()
+        ),
+        ("completed", Some("failure"), Some("runner-1")),
+        "the runner stays on the completed job, so it can be found by runner name"
+    );
+    assert_eq!(
+        failed.completed_at.as_deref(),
+        Some(rfc3339(T0 + 5_000).as_str())
+    );
+    let (id2, _, _) = poll(&mut state, &sess, id1).unwrap();
+    state.ack_message(&sess, id2).unwrap();
+
+    let rerun = state.rerun_job("My-Org", "REPO", rest_id, true).unwrap();
+    assert_ne!(rerun.request_id, job);
+    assert_ne!(rerun.rest_id, rest_id);
+    assert_eq!(
+        (
+            rerun.state,
+            rerun.run_attempt,
+            rerun.rerun_of,
+            rerun.workflow_run_id,
+            rerun.scale_set_id,
+            rerun.debug_logging,
+        ),
+        (JobState::Available, 2, Some(job), run, Some(set), true)
+    );
+    assert_eq!(
+        (rerun.display_name.as_str(), rerun.labels.clone()),
+        ("job-1", vec!["set".to_owned()])
+    );
+    assert_eq!(
+        state.job_view(job).unwrap().next_attempt,
+        Some(rerun.request_id)
+    );
+    assert_eq!(state.snapshot().job_reruns, 1);
+
+    // The scale set hears of it as of any new job, and it runs through the usual life cycle.
+    let (id3, body, stats) = poll(&mut state, &sess, id2).unwrap();
+    assert_eq!(kinds(&body), vec!["JobAvailable"]);
+    assert_eq!(body[0].runner_request_id, rerun.request_id);
+    assert_eq!(body[0].workflow_run_id, run);
+    assert_eq!(stats.total_available_jobs, 1);
+    state.ack_message(&sess, id3).unwrap();
+    assert_eq!(
+        state
+            .acquire_jobs(tenant, set, &sess, &[rerun.request_id])
+            .unwrap(),
+        vec![rerun.request_id]
+    );
+
+    let latest = list(&state, run, RunJobsFilter::Latest);
+    assert_eq!(
+        latest
+            .iter()
+            .map(|job| (job.id, job.run_attempt, job.status.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(rerun.rest_id, 2, "queued")]
+    );
+    assert_eq!(latest[0].runner_name, None);
+    let all = list(&state, run, RunJobsFilter::All);
+    assert_eq!(
+        all.iter()
+            .map(|job| (job.id, job.run_attempt))
+            .collect::<Vec<_>>(),
+        vec![(rest_id, 1), (rerun.rest_id, 2)]
+    );
+}
+
+#[test]
+fn rerun_is_refused_while_the_run_runs_and_for_replaced_attempts() {
+    let mut state = state_with(Config {
+        auto_online_runners: true,
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let jobs = enqueue(&mut state, set, 2);
+    let (run, first) = run_of(&state, jobs[0]);
+    let (_, second) = run_of(&state, jobs[1]);
+    state.acquire_jobs(tenant, set, &sess, &jobs[..1]).unwrap();
+    jit(&mut state, tenant, set, "r1");
+    state.start_job(jobs[0]).unwrap();
+
+    let running = state.rerun_job("my-org", "repo", first, false).unwrap_err();
+    assert_eq!(running.status, 403);
+    state.finish_job(jobs[0], "failed").unwrap();
+    let sibling_queued = state.rerun_job("my-org", "repo", first, false).unwrap_err();
+    assert_eq!(
+        (sibling_queued.status, sibling_queued.message.as_str()),
+        (
+            403,
+            "The workflow run containing this job is already running"
+        ),
+        "GitHub re-runs jobs only of a run that completed"
+    );
+    state.cancel_job(jobs[1]).unwrap();
+
+    assert_eq!(
+        state
+            .rerun_job("other", "repo", first, false)
+            .unwrap_err()
+            .status,
+        404
+    );
+    assert_eq!(
+        state
+            .rerun_job("my-org", "repo", jobs[0], false)
+            .unwrap_err()
+            .status,
+        404,
+        "a request id is not a REST id"
+    );
+    let rerun = state.rerun_job("my-org", "repo", first, false).unwrap();
+    assert_eq!(rerun.run_attempt, 2);
+    assert_eq!(
+        state
+            .rerun_job("my-org", "repo", second, false)
+            .unwrap_err()
+            .status,
+        403,
+        "the run runs again"
+    );
+    state.cancel_job(rerun.request_id).unwrap();
+    assert_eq!(
+        state
+            .rerun_job("my-org", "repo", first, false)
+            .unwrap_err()
+            .status,
+        403,
+        "an attempt that was re-run is not re-run again"
+    );
+    // A cancelled job that never ran can be re-run; the run's attempt number goes on.
+    let again = state.rerun_job("my-org", "repo", second, false).unwrap();
+    assert_eq!((again.run_attempt, again.rerun_of), (3, Some(jobs[1])));
+    let latest: Vec<(String, u32)> = list(&state, run, RunJobsFilter::Latest)
+        .into_iter()
+        .map(|job| (job.name, job.run_attempt))
+        .collect();
+    assert_eq!(
+        latest,
+        vec![("job-1".to_owned(), 2), ("job-2".to_owned(), 3)]
+    );
+    assert_eq!(list(&state, run, RunJobsFilter::All).len(), 4);
+    assert_eq!(state.snapshot().job_reruns, 2);
+}
+
+#[test]
+fn run_jobs_pages_and_404s() {
+    let mut state = state();
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let jobs = enqueue(&mut state, set, 5);
+    let (run, _) = run_of(&state, jobs[0]);
+    let page = |state: &State, per_page, page| {
+        state
+            .run_jobs(
+                "my-org",
+                "repo",
+                run,
+                RunJobsQuery {
+                    filter: RunJobsFilter::Latest,
+                    per_page,
+                    page,
+                },
+                BASE,
+            )
+            .unwrap()
+    };
+    let third = page(&state, 2, 3);
+    assert_eq!((third.body.total_count, third.last_page), (5, 3));
+    assert_eq!(
+        third
+            .body
+            .jobs
+            .iter()
+            .map(|job| job.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["job-5"]
+    );
+    let beyond = page(&state, 2, 4);
+    assert_eq!((beyond.body.total_count, beyond.body.jobs.len()), (5, 0));
+    assert_eq!(page(&state, 30, 1).last_page, 1);
+
+    let unknown_run = state
+        .run_jobs("my-org", "repo", run + 1, RunJobsQuery::default(), BASE)
+        .unwrap_err();
+    assert_eq!(unknown_run, Rejection::new(404, "Not Found"));
+    let other_repository = state
+        .run_jobs("my-org", "other", run, RunJobsQuery::default(), BASE)
+        .unwrap_err();
+    assert_eq!(other_repository.status, 404);
+}
+
+#[test]
+fn direct_delivery_assigns_a_rerun_at_once() {
+    let mut state = state_with(Config {
+        job_delivery: JobDelivery::Direct,
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let job = enqueue(&mut state, set, 1)[0];
+    online_runner(&mut state, tenant, set, "r1");
+    state.start_job(job).unwrap();
+    state.finish_job(job, "failed").unwrap();
+    let (id, _, _) = poll(&mut state, &sess, 0).unwrap();
+    state.ack_message(&sess, id).unwrap();
+    let (_, rest_id) = run_of(&state, job);
+    let rerun = state.rerun_job("my-org", "repo", rest_id, false).unwrap();
+    assert_eq!(rerun.state, JobState::Acquired);
+    let (_, body, _) = poll(&mut state, &sess, id).unwrap();
+    assert_eq!(kinds(&body), vec!["JobAssigned"]);
+    assert_eq!(body[0].runner_request_id, rerun.request_id);
+    online_runner(&mut state, tenant, set, "r2");
+    assert_eq!(
+        state.job_view(rerun.request_id).unwrap().state,
+        JobState::Assigned
+    );
+}
+
+#[test]
+fn a_rerun_whose_scale_set_is_gone_waits_for_one_of_its_name() {
+    let mut state = state_with(Config {
+        auto_online_runners: true,
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let job = enqueue(&mut state, set, 1)[0];
+    state.acquire_jobs(tenant, set, &sess, &[job]).unwrap();
+    jit(&mut state, tenant, set, "r1");
+    state.start_job(job).unwrap();
+    state.finish_job(job, "failed").unwrap();
+    state.delete_scale_set(Some(tenant), set, false).unwrap();
+    let (_, rest_id) = run_of(&state, job);
+    let rerun = state.rerun_job("my-org", "repo", rest_id, false).unwrap();
+    assert_eq!((rerun.state, rerun.scale_set_id), (JobState::Queued, None));
+    let successor = create_set(&mut state, tenant, "set");
+    let adopted = state.job_view(rerun.request_id).unwrap();
+    assert_eq!(
+        (adopted.state, adopted.scale_set_id),
+        (JobState::Available, Some(successor))
+    );
+}
+
+#[test]
+fn github_calls_need_a_credential_and_strict_mode_a_known_one() {
+    let state = state();
+    assert_eq!(state.authorize_github(None).unwrap_err().status, 401);
+    assert_eq!(
+        state.authorize_github(Some("Basic x")).unwrap_err().status,
+        401
+    );
+    assert_eq!(state.authorize_github(Some("token anything")), Ok(()));
+    let strict = state_with(Config {
+        strict: Some(crate::config::StrictAuth {
+            pats: vec!["ghp_known".into()],
+            apps: Vec::new(),
+        }),
+        ..Config::default()
+    });
+    assert_eq!(strict.authorize_github(Some("Bearer ghp_known")), Ok(()));
+    assert_eq!(
+        strict.authorize_github(Some("Bearer ghp_other")),
+        Err(Rejection::new(401, "Bad credentials"))
+    );
+}
