@@ -66,6 +66,9 @@ struct Record {
     /// When the watch first showed the runner's end (its pod succeeded, or its deletion), until its teardown pass
     /// starts: the `waited` stage of the teardown metric (see [`RunnerMemory::teardown_due`]).
     teardown_due: Option<Instant>,
+    /// The registration whose JIT config this process last stored in the runner's Secret (see
+    /// [`RunnerMemory::stored_config`]).
+    stored_config: Option<i64>,
 }
 
 /// The copy a runner's last status write returned, while the cache has not caught up with it, and what the last
@@ -331,6 +334,26 @@ impl RunnerMemory {
     /// The copy of runner `uid` its last status write returned, while it is newer than the cache's.
     pub fn fresher(&self, uid: &str) -> Option<Arc<EphemeralRunner>> {
         self.read(uid, |record| record.written.copy.clone())
+    }
+
+    /// Records that this process stored the JIT config of registration `runner_id` in runner `uid`'s Secret (the API
+    /// server answered 201). Every Secret of a runner is made by a pass of this controller, so until a restart this
+    /// names what the Secret holds, or held before it was deleted: either way a teardown that removes the status's
+    /// registration need not read the Secret to learn of another one (see [`RunnerMemory::stored_config_of`]).
+    pub fn stored_config(&self, uid: &str, runner_id: i64) {
+        self.record(uid, |record| record.stored_config = Some(runner_id));
+    }
+
+    /// What runner `uid`'s Secret holds is not known (a Secret is about to be made, whose answer may be lost).
+    pub fn forget_stored_config(&self, uid: &str) {
+        if let Some(record) = self.inner().records.get_mut(uid) {
+            record.stored_config = None;
+        }
+    }
+
+    /// The registration this process last stored in runner `uid`'s Secret, if it stored one since it started.
+    pub fn stored_config_of(&self, uid: &str) -> Option<i64> {
+        self.read(uid, |record| record.stored_config)
     }
 
     /// Records that this manager created a pod for runner `uid` (the API server answered 201).
@@ -830,6 +853,24 @@ mod tests {
         memory.suspect_zombie("v");
         memory.forget("v");
         assert_eq!(memory.zombie_suspected_for("v"), None);
+    }
+
+    #[test]
+    fn the_registration_stored_in_a_secret_is_the_latest_one_until_the_runner_goes() {
+        let memory = RunnerMemory::default();
+        assert_eq!(memory.stored_config_of("u"), None, "unknown after a start");
+        memory.stored_config("u", 7);
+        memory.stored_config("u", 8);
+        assert_eq!(memory.stored_config_of("u"), Some(8));
+        memory.forget_stored_config("u");
+        assert_eq!(
+            memory.stored_config_of("u"),
+            None,
+            "a Secret being made: not known"
+        );
+        memory.stored_config("u", 9);
+        memory.forget("u");
+        assert_eq!(memory.stored_config_of("u"), None);
     }
 
     #[test]

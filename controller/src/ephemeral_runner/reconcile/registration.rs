@@ -63,10 +63,13 @@ impl Step<'_> {
             &jit,
             &self.ctx.options.exclude_label_propagation_prefixes,
         );
+        // Until the API server answers, what the Secret holds is not known here: a teardown then reads it.
+        self.memory.forget_stored_config(&self.uid);
         match self.secrets.create(&PostParams::default(), &secret).await {
             Ok(created) => {
                 let registered =
                     read_jit_identity(&created).map_err(|reason| self.corrupt(&reason))?;
+                self.memory.stored_config(&self.uid, registered.runner_id);
                 // The runner may have been deleted while the service registered it (a template change, the set's
                 // cleanup, `kubectl delete`); its teardown then found no Secret and no registration by name, and
                 // may have finalized it. From now on its teardown finds the Secret; before, only this pass can

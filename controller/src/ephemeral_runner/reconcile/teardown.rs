@@ -191,7 +191,7 @@ impl Step<'_> {
             return self.deregister_in_turn(recorded).await;
         };
         let (in_secret, removal) = futures::try_join!(
-            self.secret_registration(),
+            self.secret_registration(recorded),
             self.remove_registration(&actions, recorded)
         )?;
         if removal == Removal::JobStillRunning {
@@ -212,7 +212,7 @@ impl Step<'_> {
     /// runner whose status records no registration (or one removed already), or whose service client cannot be
     /// made.
     async fn deregister_in_turn(&self, recorded: i64) -> Result<Removal> {
-        let in_secret = self.secret_registration().await?;
+        let in_secret = self.secret_registration(recorded).await?;
         let plan = deregistration(recorded, in_secret, |id| {
             self.memory.was_deregistered(&self.uid, id)
         });
@@ -253,8 +253,14 @@ impl Step<'_> {
         Ok(Removal::Removed)
     }
 
-    /// The registration the JIT Secret records, from the API server (0: no Secret, or none readable in it).
-    async fn secret_registration(&self) -> Result<i64> {
+    /// The registration the JIT Secret records (0: no Secret, or none readable in it): `recorded`, the status's,
+    /// without a request when this process stored that very registration's config in the Secret last (every Secret
+    /// of a runner is made by this controller; after a restart it reads), else from the API server. One request
+    /// fewer on nearly every finished runner's way out.
+    async fn secret_registration(&self, recorded: i64) -> Result<i64> {
+        if recorded != 0 && self.memory.stored_config_of(&self.uid) == Some(recorded) {
+            return Ok(recorded);
+        }
         Ok(read_secret(&self.client, &self.namespace, &self.name)
             .await?
             .and_then(|secret| read_jit_identity(&secret).ok())
