@@ -103,6 +103,13 @@ struct Ending {
     tearing_down: bool,
 }
 
+impl Ending {
+    /// The teardown lane took the runner's end in hand, or finalized it: nothing of the main lane's is left.
+    fn past_main_lane(&self) -> bool {
+        self.tearing_down || self.finalized
+    }
+}
+
 /// Endings by runner uid, and the uids in the order they came (the oldest go first).
 #[derive(Debug, Default)]
 struct Endings {
@@ -196,7 +203,7 @@ impl RunnerMemory {
             last_disruption: record.and_then(|record| record.disruptions),
             knows_pod_identity: record.is_some_and(|record| record.pod_identity.is_some()),
             pod_creation_failed: record.is_some_and(|record| record.pod_not_created.is_some()),
-            tearing_down: ending.is_some_and(|ending| ending.tearing_down || ending.finalized),
+            tearing_down: ending.is_some_and(Ending::past_main_lane),
         }
     }
 
@@ -275,7 +282,11 @@ impl RunnerMemory {
 
     /// Whether the teardown lane took the end of runner `uid` in hand (see [`RunnerMemory::tearing_down`]).
     pub fn is_tearing_down(&self, uid: &str) -> bool {
-        self.snapshot(uid).tearing_down
+        // Asked for every runner event by both lanes: the ending alone, not a whole snapshot.
+        self.inner()
+            .endings
+            .get(uid)
+            .is_some_and(Ending::past_main_lane)
     }
 
     /// Records that the API server accepted the removal of the finalizers of runner `uid`, which was being

@@ -378,6 +378,13 @@ mod tests {
 
     const MINUTE: Duration = Duration::from_secs(60);
 
+    fn restarted(plan: PodFailed) -> Restart {
+        match plan {
+            PodFailed::Restart(restart) => *restart,
+            PodFailed::FinishWithJob(report) => panic!("restarted, not finished: {report:?}"),
+        }
+    }
+
     #[test]
     fn a_pod_starting_as_it_should_writes_nothing_until_it_runs_then_the_identity_goes_with_it() {
         let empty = EphemeralRunnerStatus::default();
@@ -595,7 +602,13 @@ mod tests {
             failures: [("p0".to_owned(), Time(Timestamp::now()))].into(),
             ..EphemeralRunnerStatus::default()
         };
-        let PodFailed::Restart(restart) = pod_failed(
+        let Restart {
+            deregister,
+            patch,
+            counted,
+            delay,
+            report,
+        } = restarted(pod_failed(
             &status,
             &failure(true),
             Some(&identity(7)),
@@ -603,16 +616,7 @@ mod tests {
             Timestamp::now(),
             3,
             &policy(),
-        ) else {
-            panic!("restarted");
-        };
-        let Restart {
-            deregister,
-            patch,
-            counted,
-            delay,
-            report,
-        } = *restart;
+        ));
         assert_eq!(deregister, Some(7));
         assert!(counted);
         assert!(
@@ -633,7 +637,13 @@ mod tests {
     #[test]
     fn a_disruption_is_not_counted_and_backs_off_by_the_disruptions() {
         let status = EphemeralRunnerStatus::default();
-        let PodFailed::Restart(restart) = pod_failed(
+        let Restart {
+            deregister,
+            patch,
+            counted,
+            delay,
+            report,
+        } = restarted(pod_failed(
             &status,
             &failure(false),
             None,
@@ -641,16 +651,7 @@ mod tests {
             Timestamp::now(),
             2,
             &policy(),
-        ) else {
-            panic!("restarted");
-        };
-        let Restart {
-            deregister,
-            patch,
-            counted,
-            delay,
-            report,
-        } = *restart;
+        ));
         assert_eq!(deregister, None);
         assert!(!counted && patch.failures.is_none());
         assert_eq!(delay, disruption_delay(3, MINUTE));

@@ -118,6 +118,16 @@ fn page_of(link: &str, rel: &str) -> Option<String> {
     })
 }
 
+/// A tenant `octo/app` with scale set `arc-set` and a message session on it.
+async fn scale_set_with_session(base: &str) -> (Tenant, i64, Session) {
+    let tenant = connect(base, "octo/app").await;
+    let set = tenant.create_scale_set("arc-set").await["id"]
+        .as_i64()
+        .unwrap();
+    let session = tenant.session(set).await;
+    (tenant, set, session)
+}
+
 #[tokio::test]
 async fn run_jobs_are_listed_by_page_with_links_and_github_errors() {
     let fake = start(fast_config()).await;
@@ -261,11 +271,7 @@ async fn run_jobs_are_listed_by_page_with_links_and_github_errors() {
 async fn a_failed_job_is_rerun_and_reaches_the_scale_set_as_a_new_job() {
     let fake = start(fast_config()).await;
     let base = fake.base_url();
-    let tenant = connect(&base, "octo/app").await;
-    let set = tenant.create_scale_set("arc-set").await["id"]
-        .as_i64()
-        .unwrap();
-    let session = tenant.session(set).await;
+    let (tenant, set, session) = scale_set_with_session(&base).await;
     let ids = enqueue(&base, json!({"scaleSetId": set, "displayName": "test"})).await;
     let job = ids[0];
 
@@ -389,11 +395,7 @@ async fn a_failed_job_is_rerun_and_reaches_the_scale_set_as_a_new_job() {
 async fn rerun_refuses_unfinished_jobs_unknown_jobs_and_missing_credentials() {
     let fake = start(fast_config()).await;
     let base = fake.base_url();
-    let tenant = connect(&base, "octo/app").await;
-    let set = tenant.create_scale_set("arc-set").await["id"]
-        .as_i64()
-        .unwrap();
-    let session = tenant.session(set).await;
+    let (tenant, set, session) = scale_set_with_session(&base).await;
     let job = enqueue(&base, json!({"scaleSetId": set})).await[0];
     session.acquire(&tenant, &[job]).await;
     online_runner(&tenant, &base, set, "runner-1").await;
@@ -546,11 +548,7 @@ async fn a_job_lost_with_its_runner_is_rerun_and_assigned_directly() {
     })
     .await;
     let base = fake.base_url();
-    let tenant = connect(&base, "octo/app").await;
-    let set = tenant.create_scale_set("arc-set").await["id"]
-        .as_i64()
-        .unwrap();
-    let session = tenant.session(set).await;
+    let (tenant, set, session) = scale_set_with_session(&base).await;
     let job = enqueue(&base, json!({"scaleSetId": set})).await[0];
     let (last, messages) = next_acked(&session, 0).await;
     assert_eq!(kinds(&messages), vec!["JobAssigned"]);

@@ -144,38 +144,54 @@ impl Step<'_> {
         {
             self.patch_status(patch).await?;
         }
-        if let Some(runner_id) = plan.check_registration {
-            let interval = options.runner.registration_check_interval;
-            let confirmation = pod_steps::zombie_confirmation(interval);
-            let suspected = self.memory.zombie_suspected_for(&self.uid);
-            let due = pod_steps::registration_check_due(
-                suspected,
-                || self.memory.registration_check_due(&self.uid, interval),
-                confirmation,
-            );
-            match due {
-                Err(wait) => return Ok(Action::requeue(wait.min(plan.requeue))),
-                Ok(false) => {}
-                Ok(true) => match self.actions().await?.get_runner(runner_id).await {
-                    Err(error) => tracing::warn!(%error, "checking the runner registration failed"),
-                    Ok(found) => {
-                        match pod_steps::after_registration_check(
-                            found.is_some(),
-                            suspected,
-                            confirmation,
-                        ) {
-                            AfterCheck::Known => self.memory.clear_zombie_suspicion(&self.uid),
-                            AfterCheck::Suspect(wait) => {
-                                self.memory.suspect_zombie(&self.uid);
-                                return Ok(Action::requeue(wait.min(plan.requeue)));
-                            }
-                            AfterCheck::Zombie => return self.replace_zombie(runner_id).await,
-                        }
-                    }
-                },
-            }
+        if let Some(runner_id) = plan.check_registration
+            && let Some(action) = self.check_registration(runner_id, plan.requeue).await?
+        {
+            return Ok(action);
         }
         Ok(Action::requeue(plan.requeue))
+    }
+
+    /// Asks the service whether it still knows registration `runner_id` of this idle running runner, when the check
+    /// is due ([`pod_steps::registration_check_due`]); a runner it has forgotten is suspected first and replaced as
+    /// a zombie only once the confirmation passed ([`pod_steps::after_registration_check`]). `Some` ends the pass;
+    /// `requeue` is the follow's own.
+    async fn check_registration(
+        &self,
+        runner_id: i64,
+        requeue: Duration,
+    ) -> Result<Option<Action>> {
+        let interval = self.ctx.options.runner.registration_check_interval;
+        let confirmation = pod_steps::zombie_confirmation(interval);
+        let suspected = self.memory.zombie_suspected_for(&self.uid);
+        let due = pod_steps::registration_check_due(
+            suspected,
+            || self.memory.registration_check_due(&self.uid, interval),
+            confirmation,
+        );
+        match due {
+            Err(wait) => return Ok(Some(Action::requeue(wait.min(requeue)))),
+            Ok(false) => return Ok(None),
+            Ok(true) => {}
+        }
+        let found = match self.actions().await?.get_runner(runner_id).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::warn!(%error, "checking the runner registration failed");
+                return Ok(None);
+            }
+        };
+        match pod_steps::after_registration_check(found.is_some(), suspected, confirmation) {
+            AfterCheck::Known => {
+                self.memory.clear_zombie_suspicion(&self.uid);
+                Ok(None)
+            }
+            AfterCheck::Suspect(wait) => {
+                self.memory.suspect_zombie(&self.uid);
+                Ok(Some(Action::requeue(wait.min(requeue))))
+            }
+            AfterCheck::Zombie => self.replace_zombie(runner_id).await.map(Some),
+        }
     }
 
     pub(super) async fn replace_zombie(&self, runner_id: i64) -> Result<Action> {
@@ -219,24 +235,15 @@ impl Step<'_> {
             disruptions,
             &self.ctx.options.runner,
         );
-        let (deregister, patch, counted, delay, report) = match plan {
+        let restart = match plan {
             PodFailed::FinishWithJob(report) => {
                 self.report(report).await;
                 self.delete_self().await?;
                 return Ok(Action::await_change());
             }
-            PodFailed::Restart(restart) => {
-                let pod_steps::Restart {
-                    deregister,
-                    patch,
-                    counted,
-                    delay,
-                    report,
-                } = *restart;
-                (deregister, patch, counted, delay, report)
-            }
+            PodFailed::Restart(restart) => *restart,
         };
-        if let Some(runner_id) = deregister
+        if let Some(runner_id) = restart.deregister
             && self.actions().await?.remove_runner(runner_id).await? == Removal::JobStillRunning
         {
             // The service gave it a job the listener has not reported yet: never restart such a runner.
@@ -245,7 +252,7 @@ impl Step<'_> {
         }
         delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
         let labels = self.reason_labels(failure.class);
-        if counted {
+        if restart.counted {
             self.ctx.metrics.pod_failures.get_or_create(&labels).inc();
         } else {
             self.memory.disrupted(&self.uid);
@@ -255,11 +262,11 @@ impl Step<'_> {
                 .get_or_create(&labels)
                 .inc();
         }
-        self.patch_status(&patch).await?;
-        self.report(report).await;
+        self.patch_status(&restart.patch).await?;
+        self.report(restart.report).await;
         delete_if_present(&self.pods, &self.name, &self.namespace).await?;
         // The pod's deletion event brings the runner back; the backoff is read from the status then.
-        Ok(Action::requeue(delay))
+        Ok(Action::requeue(restart.delay))
     }
 
     pub(super) async fn mark_outdated(&self, identity: Option<&JitIdentity>) -> Result<Action> {
