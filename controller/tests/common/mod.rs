@@ -323,13 +323,79 @@ impl Env {
             .collect()
     }
 
-    /// Waits until `check` returns `Some`, polling.
+    /// Waits until `check` returns `Some`, polling; on a timeout, prints what the namespace and the fake hold, so a
+    /// failure in CI says where the runners stood.
     pub async fn eventually<T, F, Fut>(&self, what: &str, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        test_harness::eventually(what, WAIT, check).await
+        if let Some(value) = test_harness::poll_until(WAIT, check).await {
+            return value;
+        }
+        eprintln!("{}", self.describe().await);
+        panic!("timed out after {WAIT:?} waiting for {what}");
+    }
+
+    /// The runners (with their status), pods, JIT Secrets and registrations, one line each.
+    pub async fn describe(&self) -> String {
+        let mut lines = vec![format!("--- namespace {} ---", self.ctx.namespace)];
+        for runner in self
+            .runners_api()
+            .list(&ListParams::default())
+            .await
+            .map(|list| list.items)
+            .unwrap_or_default()
+        {
+            let status = runner.status.clone().unwrap_or_default();
+            lines.push(format!(
+                "runner {} uid={} deleting={} finalizers={:?} phase={:?} ready={} runnerId={} reason={:?} \
+                 message={:?} failures={} job={:?}",
+                runner.name_any(),
+                runner.uid().unwrap_or_default(),
+                runner.metadata.deletion_timestamp.is_some(),
+                runner.finalizers(),
+                status.phase,
+                status.ready,
+                status.runner_id,
+                status.reason,
+                status.message,
+                status.failures.len(),
+                status.job_request_id,
+            ));
+        }
+        for pod in self
+            .pods_api()
+            .list(&ListParams::default())
+            .await
+            .map(|list| list.items)
+            .unwrap_or_default()
+        {
+            let phase = pod.status.as_ref().and_then(|status| status.phase.clone());
+            lines.push(format!(
+                "pod {} deleting={} phase={phase:?}",
+                pod.name_any(),
+                pod.metadata.deletion_timestamp.is_some(),
+            ));
+        }
+        let secrets: Vec<String> = self
+            .jit_secrets()
+            .await
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        lines.push(format!("JIT secrets {secrets:?}"));
+        let registrations: Vec<String> = self
+            .fake
+            .state()
+            .snapshot()
+            .runners
+            .into_iter()
+            .filter(|runner| runner.scale_set_id == self.scale_set_id)
+            .map(|runner| format!("{}#{}", runner.name, runner.id))
+            .collect();
+        lines.push(format!("registered {registrations:?}"));
+        lines.join("\n")
     }
 
     /// Waits until EphemeralRunner `name` no longer exists (`what` names the wait in a failure).

@@ -212,7 +212,20 @@ fn namespace_name(prefix: &str, pid: u32, n: u32) -> String {
 ///
 /// The one waiting loop of the integration tests: the control plane has no kubelet and controllers converge
 /// asynchronously, so tests wait for observable state instead of sleeping.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match poll_until(timeout, check).await {
+        Some(value) => value,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Polls `check` until it returns `Some` (that value) or `timeout` passes (`None`), so a caller can say what the
+/// world looked like before it fails.
+pub async fn poll_until<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -220,12 +233,11 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Some(value) = check().await {
-            return value;
+            return Some(value);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
