@@ -4,20 +4,21 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use http::header::{ACCEPT, HeaderMap, HeaderValue};
+use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 use jiff::Timestamp;
 use url::Url;
 
 use crate::auth::{AdminConnection, Credentials, LoadedCredentials};
 use crate::config::GitHubConfig;
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, ErrorKind, Operation, Result, ServiceException};
 use crate::jwt;
 use crate::messages::{self, MessageProblem, RunnerScaleSetMessage};
 use crate::models::{
     AcquirableJob, AdminConnectionResponse, GitHubToken, JitRunnerConfig, JitSetting, ListEnvelope,
-    RawMessage, RunnerGroup, RunnerReference, RunnerRegistrationRequest, RunnerScaleSet,
-    RunnerScaleSetSession, SYSTEM_LABEL_TYPE, SessionId,
+    RawMessage, RerunOutcome, RunnerGroup, RunnerReference, RunnerRegistrationRequest,
+    RunnerScaleSet, RunnerScaleSetSession, SYSTEM_LABEL_TYPE, SessionId, WorkflowJob,
+    WorkflowJobsPage,
 };
 use crate::retry::Idempotency;
 use crate::secret::SecretString;
@@ -29,6 +30,16 @@ use crate::transport::{
 use crate::urls;
 
 const JSON: &str = "application/json";
+/// Media type of GitHub REST requests and responses.
+const GITHUB_JSON: &str = "application/vnd.github+json";
+/// Pins the REST API version the workflow-job calls were written against.
+const GITHUB_API_VERSION: HeaderName = HeaderName::from_static("x-github-api-version");
+/// GitHub's largest `per_page`.
+const JOBS_PER_PAGE: usize = 100;
+/// Bounds one listing at 1000 jobs, all attempts together.
+const MAX_JOB_PAGES: usize = 10;
+/// Longest refusal message kept from a 403 body that is not GitHub's JSON.
+const MAX_REFUSAL_CHARS: usize = 1024;
 
 /// Options for [`ActionsClient::new`].
 #[derive(Debug, Clone, Default)]
@@ -201,19 +212,25 @@ impl ActionsClient {
     }
 
     async fn fetch_admin_connection(&self) -> Result<AdminConnection> {
-        let github_token = match &self.inner.credentials {
-            LoadedCredentials::Pat(pat) => pat.clone(),
+        let github_token = self.github_token().await?;
+        let registration_token = self.registration_token(&github_token).await?;
+        self.register_runner_admin(&registration_token).await
+    }
+
+    /// The credential for GitHub REST calls: the PAT, or for an App a new installation token (never cached, see
+    /// docs/reference/actions-service-protocol.md, "Installation token").
+    async fn github_token(&self) -> Result<SecretString> {
+        match &self.inner.credentials {
+            LoadedCredentials::Pat(pat) => Ok(pat.clone()),
             LoadedCredentials::App {
                 client_id,
                 installation_id,
                 key,
             } => {
                 self.installation_token(client_id, *installation_id, key)
-                    .await?
+                    .await
             }
-        };
-        let registration_token = self.registration_token(&github_token).await?;
-        self.register_runner_admin(&registration_token).await
+        }
     }
 
     /// `POST /app/installations/{id}/access_tokens` with a fresh App JWT; exactly 201.
@@ -318,6 +335,94 @@ impl ActionsClient {
             token: admin.token,
             expires_at,
         })
+    }
+
+    // ----- GitHub REST: workflow run jobs -----
+
+    /// Headers of the workflow-job calls: GitHub's media type both ways and a pinned API version.
+    fn github_rest_headers(&self, operation: Operation, token: &SecretString) -> Result<HeaderMap> {
+        let mut headers = self.headers(operation, Some(GITHUB_JSON), Some(bearer(token)))?;
+        headers.insert(ACCEPT, HeaderValue::from_static(GITHUB_JSON));
+        headers.insert(GITHUB_API_VERSION, HeaderValue::from_static("2022-11-28"));
+        Ok(headers)
+    }
+
+    /// Every attempt of every job of workflow run `run_id` in repository `repository` ("owner/repo").
+    ///
+    /// Reads up to ten pages of 100 jobs (`filter=all`), stopping at a short page or once `total_count` jobs
+    /// arrived. An App mints one installation token for the whole listing.
+    pub async fn list_workflow_run_jobs(
+        &self,
+        repository: &str,
+        run_id: i64,
+    ) -> Result<Vec<WorkflowJob>> {
+        let op = Operation::ListWorkflowRunJobs;
+        check_repository(op, repository)?;
+        let url = self
+            .inner
+            .config
+            .api_url(&format!("/repos/{repository}/actions/runs/{run_id}/jobs"))?;
+        let token = self.github_token().await?;
+        let per_page = JOBS_PER_PAGE.to_string();
+        let mut jobs = Vec::new();
+        for page in 1..=MAX_JOB_PAGES {
+            let mut page_url = url.clone();
+            page_url
+                .query_pairs_mut()
+                .append_pair("filter", "all")
+                .append_pair("per_page", &per_page)
+                .append_pair("page", &page.to_string());
+            let mut request = Request::new(op, Method::GET, page_url);
+            request.idempotency = Idempotency::Safe;
+            request.headers = self.github_rest_headers(op, &token)?;
+            let response = self.inner.transport.send(request).await?;
+            if response.status != StatusCode::OK {
+                return Err(github_status_error(&response));
+            }
+            let body: WorkflowJobsPage = response.decode()?;
+            let received = body.jobs.len();
+            jobs.extend(body.jobs);
+            // A missing `total_count` (0) must not end the listing after a full page.
+            let complete = usize::try_from(body.total_count)
+                .is_ok_and(|total| total > 0 && jobs.len() >= total);
+            if received < JOBS_PER_PAGE || complete {
+                return Ok(jobs);
+            }
+        }
+        tracing::warn!(
+            repository,
+            run_id,
+            jobs = jobs.len(),
+            "workflow run has more jobs than one listing reads; the rest are left out"
+        );
+        Ok(jobs)
+    }
+
+    /// Asks GitHub to re-run job `job_id` (a REST job id) of `repository` ("owner/repo").
+    ///
+    /// GitHub's answers that are not failures of the call come back as a [`RerunOutcome`]; a 403 that is a rate
+    /// limit (`Retry-After`, or no requests left) is an [`ErrorKind::RateLimited`] error instead, since it clears
+    /// by itself. Not retried after a lost answer: a repeated re-run would be refused anyway.
+    pub async fn rerun_workflow_job(&self, repository: &str, job_id: i64) -> Result<RerunOutcome> {
+        let op = Operation::RerunWorkflowJob;
+        check_repository(op, repository)?;
+        let url = self
+            .inner
+            .config
+            .api_url(&format!("/repos/{repository}/actions/jobs/{job_id}/rerun"))?;
+        let token = self.github_token().await?;
+        let mut request = Request::new(op, Method::POST, url);
+        request.body = Some(b"{}".to_vec());
+        request.headers = self.github_rest_headers(op, &token)?;
+        let response = self.inner.transport.send(request).await?;
+        match response.status {
+            StatusCode::CREATED => Ok(RerunOutcome::Requested),
+            StatusCode::FORBIDDEN if !is_rate_limited(&response) => {
+                Ok(RerunOutcome::Refused(refusal_message(&response.body)))
+            }
+            StatusCode::NOT_FOUND => Ok(RerunOutcome::NotFound),
+            _ => Err(github_status_error(&response)),
+        }
     }
 
     // ----- Actions Service requests -----
@@ -761,6 +866,57 @@ fn default_label_types(scale_set: &mut RunnerScaleSet) {
         if label.label_type.is_empty() {
             SYSTEM_LABEL_TYPE.clone_into(&mut label.label_type);
         }
+    }
+}
+
+/// Accepts exactly `owner/repo` with the characters GitHub allows in names, so the value cannot reach another
+/// path (`..`, more segments, a query) once placed in a URL.
+fn check_repository(operation: Operation, repository: &str) -> Result<()> {
+    let name_ok = |name: &str| {
+        !name.is_empty()
+            && name != "."
+            && name != ".."
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match repository.split_once('/') {
+        Some((owner, repo)) if name_ok(owner) && name_ok(repo) => Ok(()),
+        _ => Err(Error::InvalidRequest {
+            operation,
+            reason: format!("the repository {repository:?} is not of the form owner/repo"),
+        }),
+    }
+}
+
+/// Whether a 403 is GitHub's rate limit rather than a refusal (GitHub REST docs, "Rate limits").
+fn is_rate_limited(response: &Response) -> bool {
+    let header = |name: &str| response.headers.get(name).and_then(|v| v.to_str().ok());
+    header("retry-after").is_some() || header("x-ratelimit-remaining") == Some("0")
+}
+
+/// The error for an unexpected status of a GitHub REST call; a rate-limiting 403 counts as 429.
+fn github_status_error(response: &Response) -> Error {
+    if response.status == StatusCode::FORBIDDEN && is_rate_limited(response) {
+        response.status_error(Some(ErrorKind::RateLimited))
+    } else {
+        response.status_error(None)
+    }
+}
+
+/// Why GitHub refused: the `message` of its JSON error body, else the body's text, else "forbidden".
+fn refusal_message(body: &[u8]) -> String {
+    if let Ok(error) = crate::decode::from_slice::<ServiceException>(body)
+        && !error.message.trim().is_empty()
+    {
+        return error.message;
+    }
+    let text = String::from_utf8_lossy(crate::decode::strip_bom(body));
+    let text = text.trim();
+    if text.is_empty() {
+        "forbidden".to_owned()
+    } else {
+        text.chars().take(MAX_REFUSAL_CHARS).collect()
     }
 }
 

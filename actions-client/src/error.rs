@@ -87,6 +87,10 @@ pub enum Operation {
     CreateRegistrationToken,
     /// GitHub: runner-registration, discovering the Actions Service and its admin token.
     RegisterRunnerAdmin,
+    /// GitHub: list the jobs (every attempt) of a workflow run.
+    ListWorkflowRunJobs,
+    /// GitHub: re-run one job of a workflow run.
+    RerunWorkflowJob,
     /// Actions Service: get a scale set by name.
     GetRunnerScaleSet,
     /// Actions Service: get a scale set by id.
@@ -130,6 +134,8 @@ impl Operation {
             Self::CreateInstallationToken => "create_installation_token",
             Self::CreateRegistrationToken => "create_registration_token",
             Self::RegisterRunnerAdmin => "register_runner_admin",
+            Self::ListWorkflowRunJobs => "list_workflow_run_jobs",
+            Self::RerunWorkflowJob => "rerun_workflow_job",
             Self::GetRunnerScaleSet => "get_runner_scale_set",
             Self::GetRunnerScaleSetById => "get_runner_scale_set_by_id",
             Self::CreateRunnerScaleSet => "create_runner_scale_set",

@@ -38,8 +38,8 @@ pub use messages::{
 };
 pub use models::{
     AcquirableJob, DEFAULT_RUNNER_GROUP_ID, DEFAULT_RUNNER_GROUP_NAME, JitRunnerConfig, JitSetting,
-    Label, RunnerGroup, RunnerReference, RunnerScaleSet, RunnerScaleSetSession, RunnerSetting,
-    SessionId, Statistics,
+    Label, RerunOutcome, RunnerGroup, RunnerReference, RunnerScaleSet, RunnerScaleSetSession,
+    RunnerSetting, SessionId, Statistics, WorkflowJob,
 };
 pub use proxy::{ProxyConfig, ProxyServer, ProxySettings};
 pub use retry::RetryPolicy;

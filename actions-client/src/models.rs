@@ -330,6 +330,49 @@ pub struct GitHubToken {
     pub expires_at: Option<Timestamp>,
 }
 
+/// One attempt of one job of a workflow run, as `GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs` lists it.
+/// Only the fields the controllers use; GitHub sends many more.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default)]
+pub struct WorkflowJob {
+    /// The REST job id (what a re-run takes); not the Actions Service's `runnerRequestId` or `jobId`.
+    pub id: i64,
+    /// The workflow run.
+    pub run_id: i64,
+    /// The run attempt this job belongs to: 1, then one more per re-run.
+    pub run_attempt: i64,
+    /// The job's display name.
+    pub name: String,
+    /// `queued`, `in_progress`, `completed`, `waiting`, `requested` or `pending`.
+    pub status: String,
+    /// `success`, `failure`, `cancelled`, `skipped`, ...; `None` until the job completes.
+    pub conclusion: Option<String>,
+    /// The runner that picked the job up, if any.
+    pub runner_name: Option<String>,
+}
+
+/// One page of a workflow run's jobs.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default)]
+pub struct WorkflowJobsPage {
+    /// Jobs on all pages together.
+    pub total_count: i64,
+    /// This page's jobs.
+    pub jobs: Vec<WorkflowJob>,
+}
+
+/// What GitHub answered a request to re-run a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RerunOutcome {
+    /// 201: a new attempt is queued.
+    Requested,
+    /// 403: GitHub refused; the message says why (the run is still running, the job was re-run already, or the
+    /// token lacks `actions: write`, e.g. "Resource not accessible by integration").
+    Refused(String),
+    /// 404: no such job in that repository (or the token cannot see it).
+    NotFound,
+}
+
 /// Body of runner-registration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RunnerRegistrationRequest<'a> {
@@ -486,6 +529,36 @@ mod tests {
         let list: ListEnvelope<i64> = decode::from_slice(br#"{"count":1}"#).expect("decodes");
         assert_eq!(list.count, 1);
         assert!(list.value.is_empty());
+    }
+
+    #[test]
+    fn workflow_jobs_decode_leniently() {
+        let body = br#"{"total_count":2,"jobs":[{"id":30000001,"run_id":7,"run_attempt":1,"name":"build-1","status":"completed","conclusion":"failure","runner_id":3,"runner_name":"runner-1","labels":["linux"],"steps":[]},{"id":30000002,"run_id":7,"name":"build-2","status":"queued","conclusion":null,"runner_name":null}]}"#;
+        let page: WorkflowJobsPage = decode::from_slice(body).expect("decodes");
+        assert_eq!(page.total_count, 2);
+        assert_eq!(
+            page.jobs,
+            vec![
+                WorkflowJob {
+                    id: 30_000_001,
+                    run_id: 7,
+                    run_attempt: 1,
+                    name: "build-1".into(),
+                    status: "completed".into(),
+                    conclusion: Some("failure".into()),
+                    runner_name: Some("runner-1".into()),
+                },
+                WorkflowJob {
+                    id: 30_000_002,
+                    run_id: 7,
+                    name: "build-2".into(),
+                    status: "queued".into(),
+                    ..Default::default()
+                },
+            ]
+        );
+        let empty: WorkflowJobsPage = decode::from_slice(b"{}").expect("decodes");
+        assert_eq!(empty, WorkflowJobsPage::default());
     }
 
     #[test]

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use actions_client::{
     ActionsClient, ClientOptions, Credentials, ErrorKind, GitHubAppCredentials, GitHubConfig,
-    HttpOptions, JitRunnerConfig, JitSetting, ProxySettings, RunnerReference, SecretString,
-    SystemInfo, Timeouts, TlsRoots,
+    HttpOptions, JitRunnerConfig, JitSetting, ProxySettings, RerunOutcome, RunnerReference,
+    SecretString, SystemInfo, Timeouts, TlsRoots, WorkflowJob,
 };
 use crds::appconfig::{AppConfig, GitHubCredentials};
 use crds::common::{ProxyConfig, TlsConfig, VAULT_TYPE_AZURE_KEY_VAULT, VaultConfig};
@@ -638,6 +638,41 @@ impl Actions {
                 runner: name.to_owned(),
                 source,
             })
+    }
+}
+
+/// GitHub's REST API, for the re-run of jobs the cluster interrupted.
+impl Actions {
+    /// Every attempt of every job of workflow run `run_id` of `repository` (`owner/repo`).
+    pub async fn list_workflow_run_jobs(
+        &self,
+        repository: &str,
+        run_id: i64,
+    ) -> Result<Vec<WorkflowJob>> {
+        self.call(
+            "list_workflow_run_jobs",
+            self.client.list_workflow_run_jobs(repository, run_id),
+        )
+        .await?
+        .map_err(|source| Error::ListWorkflowRunJobs {
+            repository: repository.to_owned(),
+            run_id,
+            source,
+        })
+    }
+
+    /// Asks GitHub to re-run job `job_id` (a REST id) of `repository`.
+    pub async fn rerun_workflow_job(&self, repository: &str, job_id: i64) -> Result<RerunOutcome> {
+        self.call(
+            "rerun_workflow_job",
+            self.client.rerun_workflow_job(repository, job_id),
+        )
+        .await?
+        .map_err(|source| Error::RerunWorkflowJob {
+            repository: repository.to_owned(),
+            job_id,
+            source,
+        })
     }
 }
 

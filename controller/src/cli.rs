@@ -166,6 +166,11 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub runner_max_pod_failures: usize,
 
+    /// How long the re-run of a job the cluster interrupted waits for the job's run to finish before it is given
+    /// up (scale sets with `rerunInterruptedJobs` only).
+    #[arg(long, default_value = "6h", value_parser = parse_duration)]
+    pub job_rerun_wait: Duration,
+
     /// Controller namespace (listeners live there).
     #[arg(long, env = "CONTROLLER_MANAGER_POD_NAMESPACE", default_value = "")]
     pub controller_namespace: String,
@@ -233,6 +238,7 @@ impl Args {
             runner: RunnerPolicy {
                 max_pod_failures: self.runner_max_pod_failures,
                 registration_check_interval: self.runner_registration_check_interval,
+                job_rerun_wait: self.job_rerun_wait,
                 ..RunnerPolicy::default()
             },
             autoscaling_runner_set_concurrency: self

@@ -138,6 +138,30 @@ pub enum Error {
         source: actions_client::Error,
     },
 
+    /// Listing a workflow run's jobs on GitHub failed.
+    #[error("list the jobs of workflow run {run_id} of {repository} on GitHub: {source}")]
+    ListWorkflowRunJobs {
+        /// `owner/repo`.
+        repository: String,
+        /// Workflow run id.
+        run_id: i64,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
+    /// Asking GitHub to re-run a job failed.
+    #[error("re-run job {job_id} of {repository} on GitHub: {source}")]
+    RerunWorkflowJob {
+        /// `owner/repo`.
+        repository: String,
+        /// REST job id.
+        job_id: i64,
+        /// Cause.
+        #[source]
+        source: actions_client::Error,
+    },
+
     /// The JIT Secret of a runner does not hold a usable runner id.
     #[error("JIT Secret {namespace}/{name} is corrupt: {reason}")]
     CorruptJitSecret {
@@ -419,6 +443,8 @@ impl Error {
             Self::GenerateJitConfig { .. } => "generate_jit_config",
             Self::RemoveRunner { .. } => "remove_runner",
             Self::GetRunner { .. } => "get_runner",
+            Self::ListWorkflowRunJobs { .. } => "list_workflow_run_jobs",
+            Self::RerunWorkflowJob { .. } => "rerun_workflow_job",
             Self::CorruptJitSecret { .. } => "corrupt_jit_secret",
             Self::CreateObject { .. } => "create_object",
             Self::DeleteObject { .. } => "delete_object",

@@ -157,6 +157,9 @@ pub struct Metrics {
     pub retries_exhausted: Family<RunnerLabels, Counter>,
     /// `gha_controller_zombie_runners_total`: running runners whose registration the service had forgotten.
     pub zombie_runners: Family<RunnerLabels, Counter>,
+    /// `gha_controller_job_reruns_total`: jobs the cluster interrupted that GitHub was asked to run again; reason
+    /// `oom_killed`, `evicted`, `deleted` or `node_lost`.
+    pub job_reruns: Family<RunnerReasonLabels, Counter>,
     /// `gha_controller_runners_created_total`: EphemeralRunners created by scale-ups.
     pub runners_created: Family<RunnerLabels, Counter>,
     /// `gha_controller_runners_scaled_down_total`: idle runners removed by scale-downs.
@@ -194,6 +197,7 @@ impl Metrics {
             pod_rejections: Family::default(),
             retries_exhausted: Family::default(),
             zombie_runners: Family::default(),
+            job_reruns: Family::default(),
             runners_created: Family::default(),
             runners_scaled_down: Family::default(),
             actions_requests: Family::default(),
@@ -252,6 +256,12 @@ impl Metrics {
             "zombie_runners",
             "Running runners whose registration the Actions Service no longer knew (they are replaced).",
             metrics.zombie_runners.clone(),
+        );
+        gha.register(
+            "job_reruns",
+            "Jobs interrupted by the cluster (OOM kill, eviction, deletion, node loss) that GitHub was asked to run \
+             again, by reason.",
+            metrics.job_reruns.clone(),
         );
         gha.register(
             "runners_created",

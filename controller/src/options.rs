@@ -149,6 +149,10 @@ pub struct RunnerPolicy {
     pub pod_rejection_retry: Duration,
     /// How often an idle running runner's registration is checked (zombie detection); zero disables the check.
     pub registration_check_interval: Duration,
+    /// How long an interrupted job's re-run is waited for (its run must finish first) before it is given up.
+    pub job_rerun_wait: Duration,
+    /// How often GitHub is asked again while an interrupted job or its run has not finished.
+    pub job_rerun_retry: Duration,
 }
 
 /// Which idle runners an EphemeralRunnerSet may remove when it scales down.
@@ -200,6 +204,10 @@ impl Default for RunnerPolicy {
             job_still_running_requeue: Duration::from_secs(30),
             pod_rejection_retry: Duration::from_secs(30),
             registration_check_interval: Duration::from_secs(120),
+            // A run goes on until its longest job ends (GitHub's default job timeout is 6 h); the re-run of a job
+            // that was interrupted early in a long run is worth waiting for, a finalizer held for days is not.
+            job_rerun_wait: Duration::from_secs(6 * 3600),
+            job_rerun_retry: Duration::from_secs(30),
         }
     }
 }

@@ -120,6 +120,34 @@ pub struct AutoscalingRunnerSetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 86400), transform = crate::schema::go_int)]
     pub scale_down_delay_seconds: Option<i64>,
+    /// Not in ARC: ask GitHub to run a job again when the cluster, not the workflow, ended it (its runner pod
+    /// OOM-killed, evicted, deleted, or its node lost). Absent: never, as in ARC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_interrupted_jobs: Option<RerunInterruptedJobs>,
+}
+
+/// Not in ARC: the re-run of jobs the infrastructure interrupted (docs/runner-lifecycle.md, "Jobs the cluster
+/// interrupted run again").
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RerunInterruptedJobs {
+    /// Ask for the re-runs.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::no_default)]
+    pub enabled: bool,
+    /// How many times one job is re-run at most, counted by its run's attempt number (a run re-run by hand
+    /// counts too), 1 to 5. Absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 5), transform = crate::schema::go_int)]
+    pub max_reruns: Option<i64>,
+}
+
+impl RerunInterruptedJobs {
+    /// The re-run limit in effect, when enabled (absent: 1; kept within the schema's bounds).
+    pub fn limit(&self) -> Option<i64> {
+        self.enabled
+            .then(|| self.max_reruns.unwrap_or(1).clamp(1, 5))
+    }
 }
 
 // Fields are always serialised, zero values included (not `omitempty` in ARC).

@@ -26,6 +26,9 @@ pub const LEGACY_EPHEMERAL_RUNNER_SET_FINALIZER: &str = EPHEMERAL_RUNNER_FINALIZ
 /// On EphemeralRunners; removed once the runner is deregistered from the Actions Service.
 pub const EPHEMERAL_RUNNER_REGISTRATION_FINALIZER: &str =
     "ephemeralrunner.actions.github.com/runner-registration-finalizer";
+/// Not in ARC: on an EphemeralRunner whose job the cluster interrupted, in a set that asks for re-runs: the re-run
+/// still owed. Removed once GitHub accepted it, or it is given up (docs/runner-lifecycle.md).
+pub const JOB_RERUN_FINALIZER: &str = "ephemeralrunner.actions.github.com/job-rerun";
 /// Put by the Helm chart on its RBAC objects, ServiceAccounts and Secrets; removed (never added) by the ARS
 /// controller when the ARS is deleted.
 pub const CLEANUP_PROTECTION_FINALIZER: &str = "actions.github.com/cleanup-protection";
@@ -40,6 +43,12 @@ pub const RUNNER_SCALE_SET_NAME_ANNOTATION: &str = "actions.github.com/runner-sc
 pub const RUNNER_GROUP_NAME_ANNOTATION: &str = "actions.github.com/runner-group-name";
 /// Opaque hash of what an object was built from, used to detect changes.
 pub const INTEGRITY_HASH_ANNOTATION: &str = "actions.github.com/integrity-hash";
+/// Not in ARC: on an EphemeralRunnerSet whose AutoscalingRunnerSet asks for the re-run of interrupted jobs, the
+/// most re-runs of one job (`spec.rerunInterruptedJobs.maxReruns`); absent: none.
+pub const RERUN_INTERRUPTED_JOBS_ANNOTATION: &str = "actions.github.com/rerun-interrupted-jobs";
+/// Not in ARC: on an EphemeralRunner holding [`JOB_RERUN_FINALIZER`], why its job was interrupted
+/// (`oom_killed`, `evicted`, `deleted`, `node_lost`).
+pub const JOB_INTERRUPTED_ANNOTATION: &str = "actions.github.com/job-interrupted";
 /// The ERS `spec.patchID` at the moment an ER was created.
 pub const PATCH_ID_ANNOTATION: &str = "actions.github.com/patch-id";
 /// Not in ARC. On an ERS: the `metadata.generation` whose positive patch id the set acted upon.

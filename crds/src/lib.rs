@@ -29,6 +29,7 @@ pub use autoscaling_listener::{
 };
 pub use autoscaling_runner_set::{
     AutoscalingRunnerSet, AutoscalingRunnerSetSpec, AutoscalingRunnerSetStatus,
+    RerunInterruptedJobs,
 };
 pub use ephemeral_runner::{
     EphemeralRunner, EphemeralRunnerSpec, EphemeralRunnerStatus, job_fields_apply,

@@ -9,13 +9,14 @@ use crds::constants::{
     BUSY_RUNNERS_BUDGET_SUFFIX, COMPONENT_BUSY_RUNNERS_BUDGET, COMPONENT_LABEL, COMPONENT_LISTENER,
     COMPONENT_RUNNER_SET, EPHEMERAL_RUNNER_LABEL, EPHEMERAL_RUNNER_LABEL_VALUE,
     INTEGRITY_HASH_ANNOTATION, JOB_ID_KEY, PART_OF_LABEL, PART_OF_VALUE,
-    RUNNER_GROUP_NAME_ANNOTATION, RUNNER_SCALE_SET_ID_ANNOTATION, RUNNER_SCALE_SET_NAME_ANNOTATION,
-    SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, VERSION_LABEL,
+    RERUN_INTERRUPTED_JOBS_ANNOTATION, RUNNER_GROUP_NAME_ANNOTATION,
+    RUNNER_SCALE_SET_ID_ANNOTATION, RUNNER_SCALE_SET_NAME_ANNOTATION, SCALE_SET_NAME_LABEL,
+    SCALE_SET_NAMESPACE_LABEL, VERSION_LABEL,
 };
 use crds::names::{github_url_labels, listener_name};
 use crds::{
     AutoscalingListener, AutoscalingListenerSpec, AutoscalingRunnerSet, EphemeralRunnerSet,
-    EphemeralRunnerSetSpec, EphemeralRunnerSpec,
+    EphemeralRunnerSetSpec, EphemeralRunnerSpec, RerunInterruptedJobs,
 };
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -140,6 +141,17 @@ pub fn desired_runner_set(
         INTEGRITY_HASH_ANNOTATION.to_owned(),
         runner_spec_hash(&runner_spec)?,
     );
+    // Read by the runner controller when a job is interrupted (the set is in its cache; the scale set is not).
+    if let Some(limit) = spec
+        .rerun_interrupted_jobs
+        .as_ref()
+        .and_then(RerunInterruptedJobs::limit)
+    {
+        annotations.insert(
+            RERUN_INTERRUPTED_JOBS_ANNOTATION.to_owned(),
+            limit.to_string(),
+        );
+    }
     Ok(EphemeralRunnerSet {
         metadata: ObjectMeta {
             name: Some(runner_set.name_any()),

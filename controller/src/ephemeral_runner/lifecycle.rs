@@ -234,6 +234,8 @@ pub struct TeardownFacts {
     pub pod_terminated: bool,
     /// Its pod's container hooks may have made pods and Secrets of their own.
     pub container_hooks: bool,
+    /// Its own finalizers are gone and only the one of an interrupted job's re-run holds it (super::rerun).
+    pub rerun_owed: bool,
 }
 
 /// The first stage of a teardown: requests that depend on nothing, sent at once. The deregistration removes the
@@ -259,11 +261,16 @@ pub enum Teardown {
     },
     /// Tear it down, starting with these.
     Start(TeardownStart),
+    /// Torn down, deleted, and owed the re-run of its interrupted job: ask GitHub for it.
+    Rerun,
 }
 
 /// The teardown's plan for a runner in the teardown lane.
 pub fn plan_teardown(facts: &TeardownFacts) -> Teardown {
     let delete_self = !facts.deleting;
+    if facts.rerun_owed && facts.deleting {
+        return Teardown::Rerun;
+    }
     if facts.finalized {
         return Teardown::Gone { delete_self };
     }
@@ -693,15 +700,25 @@ mod tests {
             any::<bool>(),
             any::<bool>(),
             any::<bool>(),
+            any::<bool>(),
         )
             .prop_map(
-                |(deleting, finalized, registration_finalizer, pod_terminated, container_hooks)| {
+                |(
+                    deleting,
+                    finalized,
+                    registration_finalizer,
+                    pod_terminated,
+                    container_hooks,
+                    rerun_owed,
+                )| {
                     TeardownFacts {
                         deleting,
                         finalized,
                         registration_finalizer,
                         pod_terminated,
                         container_hooks,
+                        // Owed only once its own finalizers are gone.
+                        rerun_owed: rerun_owed && finalized,
                     }
                 },
             )
@@ -714,6 +731,7 @@ mod tests {
         #[test]
         fn a_teardown_never_stops_a_pod_before_the_service_agreed(facts in arb_teardown(), agreed in any::<bool>()) {
             match plan_teardown(&facts) {
+                Teardown::Rerun => prop_assert!(facts.rerun_owed && facts.deleting),
                 Teardown::Gone { delete_self } => {
                     prop_assert!(facts.finalized);
                     prop_assert_eq!(delete_self, !facts.deleting);

@@ -14,6 +14,7 @@ pub mod pod;
 pub mod pod_steps;
 pub mod policy;
 mod reconcile;
+pub mod rerun;
 pub mod status_patch;
 
 use std::future::Future;

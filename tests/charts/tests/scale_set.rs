@@ -2175,6 +2175,10 @@ fn scaling_policy_values_reach_the_runner_set() {
     let spec = &ars(&m)["spec"];
     assert_eq!(spec["scaleDownDelaySeconds"], 300);
     assert_eq!(
+        spec["rerunInterruptedJobs"],
+        json!({"enabled": true, "maxReruns": 2})
+    );
+    assert_eq!(
         spec["minRunnersSchedules"],
         json!([
             {"name": "office-hours", "minRunners": 5, "start": "08:00", "end": "18:00",
@@ -2201,6 +2205,34 @@ fn scaling_policy_is_absent_unless_asked_for() {
     assert!(ars(&m)["spec"].get("scaleDownDelaySeconds").is_none());
     let m = render(chart().set("scaleDownDelaySeconds", "45"));
     assert_eq!(ars(&m)["spec"]["scaleDownDelaySeconds"], 45);
+}
+
+#[test]
+fn interrupted_jobs_are_re_run_only_when_asked_for() {
+    let m = render(chart());
+    assert!(ars(&m)["spec"].get("rerunInterruptedJobs").is_none());
+    let m = render(chart().set("rerunInterruptedJobs.enabled", "true"));
+    assert_eq!(
+        ars(&m)["spec"]["rerunInterruptedJobs"],
+        json!({"enabled": true})
+    );
+    let m = render(
+        chart()
+            .set("rerunInterruptedJobs.enabled", "true")
+            .set("rerunInterruptedJobs.maxReruns", "2"),
+    );
+    let spec: crds::AutoscalingRunnerSetSpec =
+        serde_json::from_value(ars(&m)["spec"].clone()).expect("the spec deserializes");
+    assert_eq!(
+        spec.rerun_interrupted_jobs.and_then(|rerun| rerun.limit()),
+        Some(2)
+    );
+    assert_fails(
+        chart()
+            .set("rerunInterruptedJobs.enabled", "true")
+            .set("rerunInterruptedJobs.maxReruns", "9"),
+        "maxReruns",
+    );
 }
 
 #[test]

@@ -52,6 +52,22 @@ pub fn jobs_completed_exactly_once(world: &World, ids: &[i64], cancelled: &[i64]
             }
         }
     }
+    // A re-run is asked for only by a scale set that wants it, and only for a job the cluster interrupted.
+    let reruns_asked = world.asks_for_reruns();
+    for attempt in snapshot.jobs.iter().filter(|job| job.rerun_of.is_some()) {
+        let original = attempt.rerun_of.unwrap_or_default();
+        if !reruns_asked {
+            problems.push(format!(
+                "job {original} was re-run (as {}) although the scale set does not ask for re-runs",
+                attempt.request_id
+            ));
+        } else if !interrupted_on_purpose.contains(&original) {
+            problems.push(format!(
+                "job {original} was re-run (as {}) although nothing interrupted it",
+                attempt.request_id
+            ));
+        }
+    }
     for (job, pods) in world.simulator.jobs_served_twice() {
         problems.push(format!("job {job} was served by several runners: {pods:?}"));
     }

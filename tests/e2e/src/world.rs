@@ -827,6 +827,14 @@ impl World {
         Ok(ids)
     }
 
+    /// Whether the world's scale set asks for the re-run of jobs the cluster interrupted (`rerunInterruptedJobs`).
+    pub fn asks_for_reruns(&self) -> bool {
+        self.rendered.iter().any(|object| {
+            object["kind"] == "AutoscalingRunnerSet"
+                && object["spec"]["rerunInterruptedJobs"]["enabled"] == true
+        })
+    }
+
     /// Request ids of every job enqueued through [`World::enqueue`].
     pub fn enqueued(&self) -> Vec<i64> {
         self.enqueued

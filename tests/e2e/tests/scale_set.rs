@@ -585,3 +585,106 @@ async fn evictions_wait_for_busy_runners_and_take_idle_ones_at_once() {
     // The job ends on its runner; the evicted idle runner is replaced; back to minRunners.
     verify(world, 2, &[]).await;
 }
+
+/// A scale set that asks for it (`rerunInterruptedJobs`) has GitHub run a job again when the cluster took its
+/// runner's pod away (here `kubectl delete pod`): exactly one new attempt, which runs to the end on a new runner,
+/// an Event on the runner set, and no runner held afterwards. A job that ends on its own is never re-run: every
+/// other suite deletes or evicts pods with the option off and checks that the fake saw no re-run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_the_cluster_interrupted_runs_again_when_the_set_asks_for_it() {
+    let world = world(
+        "e2e-rerun",
+        WorldConfig {
+            values: json!({"rerunInterruptedJobs": {"enabled": true}}),
+            simulator: SimulatorConfig {
+                job_duration: Duration::from_secs(20),
+                ..SimulatorConfig::default()
+            },
+            ..WorldConfig::default()
+        },
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(world.client(), world.namespace());
+    let ids = world.enqueue(1).expect("enqueue");
+    wait_running(&world, 1).await;
+    let busy = world
+        .eventually(
+            "the busy runner's pod labelled with its job",
+            WAIT,
+            || async {
+                let all = pods
+                    .list(&ListParams::default().labels(RUNNER_POD_SELECTOR))
+                    .await?;
+                let busy = all
+                    .items
+                    .into_iter()
+                    .find(|pod| pod.labels().contains_key("actions.github.com/job-id"));
+                Ok((busy.is_some(), format!("{busy:?}")))
+            },
+        )
+        .await;
+    if let Err(error) = busy {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    let all = pods
+        .list(&ListParams::default().labels(RUNNER_POD_SELECTOR))
+        .await
+        .expect("list runner pods");
+    let busy = all
+        .items
+        .iter()
+        .find(|pod| pod.labels().contains_key("actions.github.com/job-id"))
+        .expect("the busy pod");
+    world
+        .simulator
+        .expect_deletion(&busy.uid().unwrap_or_default());
+    pods.delete(&busy.name_any(), &Default::default())
+        .await
+        .expect("delete the busy runner's pod");
+
+    let rerun = world
+        .eventually("the interrupted job re-run and completed", WAIT, || async {
+            let snapshot = world.fake.state().snapshot();
+            let rerun = snapshot
+                .jobs
+                .iter()
+                .find(|job| job.rerun_of == Some(ids[0]))
+                .cloned();
+            let done = rerun
+                .as_ref()
+                .is_some_and(|job| job.state == JobState::Completed);
+            Ok((done, format!("re-runs {}: {rerun:?}", snapshot.job_reruns)))
+        })
+        .await;
+    if let Err(error) = rerun {
+        panic!("{error}\n{}", world.diagnostics().await);
+    }
+    let snapshot = world.fake.state().snapshot();
+    assert_eq!(
+        snapshot.job_reruns, 1,
+        "one re-run of the one interrupted job"
+    );
+    let attempt = snapshot
+        .jobs
+        .iter()
+        .find(|job| job.rerun_of == Some(ids[0]))
+        .expect("the new attempt");
+    assert_eq!(attempt.result.as_deref(), Some("succeeded"));
+    assert_eq!(attempt.times_started, 1);
+    assert_eq!(attempt.run_attempt, 2);
+    let events =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(world.client(), world.namespace());
+    let reported = events
+        .list(&ListParams::default())
+        .await
+        .expect("list Events")
+        .items
+        .into_iter()
+        .any(|event| {
+            event.reason.as_deref() == Some("JobRerun")
+                && event.regarding.as_ref().and_then(|r| r.kind.as_deref())
+                    == Some("EphemeralRunnerSet")
+        });
+    assert!(reported, "a JobRerun Event on the runner set");
+    verify(world, 0, &[]).await;
+}

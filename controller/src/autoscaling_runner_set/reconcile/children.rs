@@ -3,7 +3,7 @@
 //! `Outdated`.
 
 use crds::EphemeralRunnerSet;
-use crds::constants::phase;
+use crds::constants::{RERUN_INTERRUPTED_JOBS_ANNOTATION, phase};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -154,8 +154,16 @@ impl Step<'_> {
         existing: &EphemeralRunnerSet,
         desired: &EphemeralRunnerSet,
     ) -> Result<()> {
+        // The one annotation this controller removes as well as adds: a re-run setting turned off.
+        let withdrawn = !desired
+            .annotations()
+            .contains_key(RERUN_INTERRUPTED_JOBS_ANNOTATION)
+            && existing
+                .annotations()
+                .contains_key(RERUN_INTERRUPTED_JOBS_ANNOTATION);
         let labels_ok = contains_all(existing.labels(), desired.labels());
-        let annotations_ok = contains_all(existing.annotations(), desired.annotations());
+        let annotations_ok =
+            contains_all(existing.annotations(), desired.annotations()) && !withdrawn;
         let metadata_ok =
             existing.spec.ephemeral_runner_metadata == desired.spec.ephemeral_runner_metadata;
         if labels_ok && annotations_ok && metadata_ok {
@@ -164,6 +172,9 @@ impl Step<'_> {
         let mut labels = existing.labels().clone();
         labels.extend(desired.labels().clone());
         let mut annotations = existing.annotations().clone();
+        if withdrawn {
+            annotations.remove(RERUN_INTERRUPTED_JOBS_ANNOTATION);
+        }
         annotations.extend(desired.annotations().clone());
         let add = |path: &str, value: serde_json::Value| {
             PatchOperation::Add(AddOperation {

@@ -237,9 +237,9 @@ impl Step<'_> {
         );
         let restart = match plan {
             PodFailed::FinishWithJob(report) => {
-                self.report(report).await;
-                self.delete_self().await?;
-                return Ok(Action::await_change());
+                return self
+                    .finish_with_job(Some(pod), report.reason, &report.note)
+                    .await;
             }
             PodFailed::Restart(restart) => *restart,
         };
@@ -303,27 +303,20 @@ impl Step<'_> {
         )
     }
 
-    /// The runner had a job and lost its pod: deleting the runner finishes it (its finalizer deregisters it once
-    /// the service lets go of the job, which it fails or retries).
-    pub(super) async fn finish_interrupted(&self) -> Result<Action> {
-        let job = self.status().job_id;
-        self.event(
-            EventType::Warning,
-            POD_DELETED_EVENT,
-            "DeleteRunner",
-            format!(
-                "the runner pod was deleted or evicted while the runner held job {job:?}; the runner is finished \
-                 and the job is left to GitHub to fail or retry"
-            ),
-        )
-        .await;
+    /// The runner had a job and lost its pod (`pod` as the pass last saw it): deleting the runner finishes it (its
+    /// finalizer deregisters it once the service lets go of the job, which it fails or retries).
+    pub(super) async fn finish_interrupted(&self, pod: Option<&CachedPod>) -> Result<Action> {
         self.ctx
             .metrics
             .pod_disruptions
             .get_or_create(&self.reason_labels("pod_deleted_with_job"))
             .inc();
-        self.delete_self().await?;
-        Ok(Action::await_change())
+        self.finish_with_job(
+            pod,
+            POD_DELETED_EVENT,
+            "the runner pod was deleted or evicted",
+        )
+        .await
     }
 
     /// The pod stays past its deletion deadline (no kubelet is stopping it): the runner gives up its place so the

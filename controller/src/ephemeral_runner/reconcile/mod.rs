@@ -23,6 +23,7 @@
 mod creation;
 mod following;
 mod registration;
+mod rerun;
 mod status;
 mod teardown;
 
@@ -200,7 +201,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
             }
             Next::GiveUp => return step.give_up().await,
             Next::Wait(wait) => return Ok(Action::requeue(wait)),
-            Next::FinishInterrupted => return step.finish_interrupted().await,
+            Next::FinishInterrupted => return step.finish_interrupted(pod.as_deref()).await,
             Next::AwaitPodGone => return Ok(step.await_pod_gone(pod.as_deref())),
             Next::GiveUpPlace => return step.give_up_place().await,
             Next::CreatePod => {

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use super::*;
 use crate::metrics::teardown_stage;
+use crds::constants::JOB_RERUN_FINALIZER;
 
 /// The teardown lane's pass ([`super::super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
 /// being deleted is deregistered, its pod and Secret deleted and its finalizers dropped, in this one pass. Other
@@ -92,8 +93,12 @@ impl Step<'_> {
             ),
             pod_terminated: terminated.is_some(),
             container_hooks: self.runner.has_container_hooks(),
+            rerun_owed: has_finalizer(self.runner, JOB_RERUN_FINALIZER)
+                && !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER)
+                && !has_finalizer(self.runner, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER),
         };
         let start = match plan_teardown(&facts) {
+            Teardown::Rerun => return self.settle_rerun().await,
             Teardown::Gone { delete_self } => {
                 if delete_self {
                     self.delete_self().await?;
