@@ -6,8 +6,8 @@ use std::sync::{Arc, LazyLock};
 
 use crds::EphemeralRunner;
 use crds::constants::{
-    CONTAINER_HOOKS_ENV, INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION, RUNNER_CONTAINER_NAME,
-    SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
+    CONTAINER_HOOKS_ENV, INTEGRITY_HASH_ANNOTATION, JOB_INTERRUPTED_ANNOTATION,
+    PATCH_ID_ANNOTATION, RUNNER_CONTAINER_NAME, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL,
 };
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 use kube::api::ObjectMeta;
@@ -19,7 +19,7 @@ use crate::pods::CachedPod;
 /// is read only to register the runner and create its pod, from a copy read from the API server just before (the
 /// fence in front of every registration); of it stays only whether the runner container uses container hooks,
 /// which teardown reads. Of its labels and annotations stay the scale set's name and namespace (metric labels),
-/// the template hash and the patch id. The cache holds every runner for as long as it lives, and the template,
+/// the template hash, the patch id, and why a job was interrupted (the re-run's). The cache holds every runner for as long as it lives, and the template,
 /// the labels and the annotations are most of one (docs/benchmarks.md, manager memory).
 pub fn prune_cached_runner(runner: &mut EphemeralRunner) {
     let hooks = runner.has_container_hooks();
@@ -29,7 +29,11 @@ pub fn prune_cached_runner(runner: &mut EphemeralRunner) {
     );
     keep_keys(
         &mut runner.metadata.annotations,
-        &[INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION],
+        &[
+            INTEGRITY_HASH_ANNOTATION,
+            PATCH_ID_ANNOTATION,
+            JOB_INTERRUPTED_ANNOTATION,
+        ],
     );
     let spec = &mut runner.spec;
     spec.ephemeral_runner_config_secret_metadata = None;
@@ -133,6 +137,7 @@ mod tests {
             [
                 (INTEGRITY_HASH_ANNOTATION, "abc"),
                 (PATCH_ID_ANNOTATION, "3"),
+                (JOB_INTERRUPTED_ANNOTATION, "evicted"),
                 ("actions.github.com/values-hash", "def"),
             ]
             .map(|(key, value)| (key.to_owned(), value.to_owned()))
@@ -159,7 +164,11 @@ mod tests {
             );
             assert_eq!(
                 keys(&cached.metadata.annotations),
-                [INTEGRITY_HASH_ANNOTATION, PATCH_ID_ANNOTATION]
+                [
+                    INTEGRITY_HASH_ANNOTATION,
+                    JOB_INTERRUPTED_ANNOTATION,
+                    PATCH_ID_ANNOTATION
+                ]
             );
             assert_eq!(cached.metadata.finalizers, full.metadata.finalizers);
             assert_eq!(

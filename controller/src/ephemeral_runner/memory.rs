@@ -69,6 +69,9 @@ struct Record {
     /// The registration whose JIT config this process last stored in the runner's Secret (see
     /// [`RunnerMemory::stored_config`]).
     stored_config: Option<i64>,
+    /// How the cluster was last seen ending the runner's pod, for the pass that finds the pod gone (see
+    /// [`RunnerMemory::observe_pod`]).
+    pod_interrupted: Option<super::rerun::Interruption>,
 }
 
 /// The copy a runner's last status write returned, while the cache has not caught up with it, and what the last
@@ -538,9 +541,11 @@ impl RunnerMemory {
     }
 
     /// The pod watch's hook, on every event of `pod`: a runner's pod that succeeded has its runner's teardown due
-    /// from this event on (the teardown metric's `waited` stage). Returns whether it did.
+    /// from this event on (the teardown metric's `waited` stage). Returns whether it did. Any other pod has how it
+    /// ended remembered ([`RunnerMemory::observe_deleted_pod`]).
     pub fn observe_pod(&self, pod: &CachedPod) -> bool {
         if super::policy::pod_phase(pod) != crds::constants::phase::SUCCEEDED {
+            self.observe_deleted_pod(pod);
             return false;
         }
         let Some(owner) = pod
@@ -552,6 +557,40 @@ impl RunnerMemory {
         };
         self.teardown_due(&owner.uid);
         true
+    }
+
+    /// Remembers how the cluster ended `pod` when it is being deleted, failed, or marked for a disruption: the pass
+    /// that finishes its busy runner may find it gone, or its condition dropped (the Eviction API writes it before
+    /// the deletion, a kubelet's later status write may replace it, and an unbound pod's eviction deletes it at once,
+    /// so only its deletion event shows it), and an evicted job is then still told from a deleted one. The pod
+    /// watch's hook for deletions too.
+    pub fn observe_deleted_pod(&self, pod: &CachedPod) {
+        let ending = pod.metadata.deletion_timestamp.is_some()
+            || super::policy::pod_phase(pod) == crds::constants::phase::FAILED
+            || super::policy::disruption_class(pod).is_some();
+        if !ending {
+            return;
+        }
+        let Some(owner) = pod
+            .owner_references()
+            .iter()
+            .find(|owner| owner.controller == Some(true))
+        else {
+            return;
+        };
+        // Only a runner still remembered: a pod's last events may come after its runner was forgotten, and a record
+        // made then would never go.
+        if let Some(interruption) = super::rerun::interruption(Some(pod))
+            && let Some(record) = self.inner().records.get_mut(owner.uid.as_str())
+        {
+            record.pod_interrupted =
+                super::rerun::more_telling(Some(interruption), record.pod_interrupted);
+        }
+    }
+
+    /// How the pod watch last saw the cluster end runner `uid`'s pod, if it did.
+    pub fn pod_interrupted(&self, uid: &str) -> Option<super::rerun::Interruption> {
+        self.read(uid, |record| record.pod_interrupted)
     }
 
     /// Forgets runner `uid` (deleted), but for its endings (see [`RunnerMemory::deregistered`]).
@@ -774,6 +813,48 @@ mod tests {
             ..crds::EphemeralRunnerStatus::default()
         });
         runner
+    }
+
+    #[test]
+    fn how_the_cluster_ended_a_pod_is_remembered_for_a_runner_still_remembered_only() {
+        let memory = RunnerMemory::default();
+        let pod = |owner: &str, status: serde_json::Value| -> CachedPod {
+            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "r", "ownerReferences": [{
+                    "apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunner", "name": "r",
+                    "uid": owner, "controller": true}]},
+                "status": status,
+            }))
+            .unwrap();
+            CachedPod::from(pod)
+        };
+        let marked = serde_json::json!({"phase": "Running", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]});
+        memory.observe_deleted_pod(&pod("gone", marked.clone()));
+        assert!(memory.pod_interrupted("gone").is_none());
+        assert!(
+            !memory.inner().records.contains_key("gone"),
+            "no record made for a runner forgotten"
+        );
+        memory.seen(&versioned_runner("u", "1", 0));
+        assert!(!memory.observe_pod(&pod("u", serde_json::json!({"phase": "Running"}))));
+        assert_eq!(
+            memory.pod_interrupted("u"),
+            None,
+            "a running pod says nothing"
+        );
+        assert!(!memory.observe_pod(&pod("u", marked)));
+        // Its deletion without the condition (a later status write dropped it) does not make it a mere deletion.
+        let mut deleted = pod("u", serde_json::json!({"phase": "Running"}));
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1).unwrap(),
+            ));
+        memory.observe_deleted_pod(&deleted);
+        assert_eq!(
+            memory.pod_interrupted("u"),
+            Some(super::super::rerun::Interruption::Evicted)
+        );
     }
 
     #[test]

@@ -95,6 +95,18 @@ pub fn interruption(pod: Option<&CachedPod>) -> Option<Interruption> {
     }
 }
 
+/// The more telling of how a pass sees a job interrupted (`now`) and how the pod watch saw it before (`before`): a
+/// pod seen evicted and then gone was evicted, not deleted; otherwise what the pass sees.
+pub fn more_telling(
+    now: Option<Interruption>,
+    before: Option<Interruption>,
+) -> Option<Interruption> {
+    match (now, before) {
+        (Some(Interruption::Deleted), Some(earlier)) => Some(earlier),
+        (now, _) => now,
+    }
+}
+
 /// The re-run limit the runner's set asks for ([`RERUN_INTERRUPTED_JOBS_ANNOTATION`]); `None`: no re-runs.
 pub fn rerun_limit(set_annotations: &BTreeMap<String, String>) -> Option<i64> {
     set_annotations
@@ -319,6 +331,20 @@ mod tests {
         );
         let refused = pod(json!({"phase": "Failed", "reason": "OutOfcpu"}));
         assert_eq!(interruption(Some(&refused)), None);
+    }
+
+    #[test]
+    fn a_pod_seen_evicted_and_then_gone_was_evicted() {
+        let evicted = Some(Interruption::Evicted);
+        let deleted = Some(Interruption::Deleted);
+        assert_eq!(more_telling(deleted, evicted), evicted);
+        assert_eq!(more_telling(evicted, deleted), evicted);
+        assert_eq!(more_telling(deleted, None), deleted);
+        assert_eq!(
+            more_telling(None, evicted),
+            None,
+            "the pod the pass sees ended on its own"
+        );
     }
 
     #[test]

@@ -587,29 +587,34 @@ async fn evictions_wait_for_busy_runners_and_take_idle_ones_at_once() {
 }
 
 /// A scale set that asks for it (`rerunInterruptedJobs`) has GitHub run a job again when the cluster took its
-/// runner's pod away (here `kubectl delete pod`): exactly one new attempt, which runs to the end on a new runner,
-/// an Event on the runner set, and no runner held afterwards. A job that ends on its own is never re-run: every
-/// other suite deletes or evicts pods with the option off and checks that the fake saw no re-run.
+/// runner's pod away (here an eviction, the busy-runner budget turned off so it goes through), and never a job that
+/// failed on its own: two jobs that both fail on their own, one of them evicted on the way; exactly one re-run, of
+/// the evicted one, which runs once on a new runner (and, failing on its own, is not re-run again although the
+/// limit allows it), an Event on the runner set, and no runner held afterwards. Every other suite deletes or
+/// evicts pods with the option off, and its checks fail on any re-run.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_job_the_cluster_interrupted_runs_again_when_the_set_asks_for_it() {
+async fn an_evicted_job_runs_again_when_the_set_asks_for_it_and_one_that_failed_does_not() {
     let world = world(
         "e2e-rerun",
         WorldConfig {
-            values: json!({"rerunInterruptedJobs": {"enabled": true}}),
+            values: json!({"rerunInterruptedJobs": {"enabled": true, "maxReruns": 3}}),
             simulator: SimulatorConfig {
-                job_duration: Duration::from_secs(20),
+                job_duration: Duration::from_secs(15),
+                job_result: "failed".to_owned(),
                 ..SimulatorConfig::default()
             },
+            tune: |options| options.protect_busy_runners = false,
             ..WorldConfig::default()
         },
     )
     .await;
     let pods = Api::<Pod>::namespaced(world.client(), world.namespace());
-    let ids = world.enqueue(1).expect("enqueue");
-    wait_running(&world, 1).await;
-    let busy = world
+    let evicted = world.enqueue(1).expect("enqueue")[0];
+    let failing = world.enqueue(1).expect("enqueue")[0];
+    wait_running(&world, 2).await;
+    let labelled = world
         .eventually(
-            "the busy runner's pod labelled with its job",
+            "the busy runners' pods labelled with their jobs",
             WAIT,
             || async {
                 let all = pods
@@ -617,39 +622,61 @@ async fn a_job_the_cluster_interrupted_runs_again_when_the_set_asks_for_it() {
                     .await?;
                 let busy = all
                     .items
-                    .into_iter()
-                    .find(|pod| pod.labels().contains_key("actions.github.com/job-id"));
-                Ok((busy.is_some(), format!("{busy:?}")))
+                    .iter()
+                    .filter(|pod| pod.labels().contains_key("actions.github.com/job-id"))
+                    .count();
+                Ok((busy >= 2, format!("{busy} labelled")))
             },
         )
         .await;
-    if let Err(error) = busy {
+    if let Err(error) = labelled {
         panic!("{error}\n{}", world.diagnostics().await);
     }
     let all = pods
         .list(&ListParams::default().labels(RUNNER_POD_SELECTOR))
         .await
         .expect("list runner pods");
-    let busy = all
+    let victim = all
         .items
         .iter()
-        .find(|pod| pod.labels().contains_key("actions.github.com/job-id"))
-        .expect("the busy pod");
+        .find(|pod| {
+            pod.labels()
+                .get("actions.github.com/job-id")
+                .is_some_and(|job| {
+                    world
+                        .fake
+                        .state()
+                        .snapshot()
+                        .jobs
+                        .iter()
+                        .any(|view| view.request_id == evicted && &view.job_id == job)
+                })
+        })
+        .expect("the evicted job's pod");
     world
         .simulator
-        .expect_deletion(&busy.uid().unwrap_or_default());
-    pods.delete(&busy.name_any(), &Default::default())
+        .expect_deletion(&victim.uid().unwrap_or_default());
+    if let Err(error) = pods
+        .evict(&victim.name_any(), &kube::api::EvictParams::default())
         .await
-        .expect("delete the busy runner's pod");
+    {
+        panic!(
+            "evicting a busy runner's pod with its budget off: {error}\n{}",
+            world.diagnostics().await
+        );
+    }
 
+    let attempt = |snapshot: &fake_actions_service::StateSnapshot, of: i64| {
+        snapshot
+            .jobs
+            .iter()
+            .find(|job| job.rerun_of == Some(of))
+            .cloned()
+    };
     let rerun = world
-        .eventually("the interrupted job re-run and completed", WAIT, || async {
+        .eventually("the evicted job re-run and completed", WAIT, || async {
             let snapshot = world.fake.state().snapshot();
-            let rerun = snapshot
-                .jobs
-                .iter()
-                .find(|job| job.rerun_of == Some(ids[0]))
-                .cloned();
+            let rerun = attempt(&snapshot, evicted);
             let done = rerun
                 .as_ref()
                 .is_some_and(|job| job.state == JobState::Completed);
@@ -660,31 +687,37 @@ async fn a_job_the_cluster_interrupted_runs_again_when_the_set_asks_for_it() {
         panic!("{error}\n{}", world.diagnostics().await);
     }
     let snapshot = world.fake.state().snapshot();
+    let rerun = attempt(&snapshot, evicted).expect("the new attempt");
     assert_eq!(
-        snapshot.job_reruns, 1,
-        "one re-run of the one interrupted job"
+        rerun.result.as_deref(),
+        Some("failed"),
+        "it fails on its own"
     );
-    let attempt = snapshot
-        .jobs
-        .iter()
-        .find(|job| job.rerun_of == Some(ids[0]))
-        .expect("the new attempt");
-    assert_eq!(attempt.result.as_deref(), Some("succeeded"));
-    assert_eq!(attempt.times_started, 1);
-    assert_eq!(attempt.run_attempt, 2);
+    assert_eq!(rerun.times_started, 1);
+    assert_eq!(rerun.run_attempt, 2);
+    assert!(
+        attempt(&snapshot, failing).is_none(),
+        "a job that failed on its own is not re-run"
+    );
     let events =
         Api::<k8s_openapi::api::events::v1::Event>::namespaced(world.client(), world.namespace());
-    let reported = events
+    let reruns: Vec<String> = events
         .list(&ListParams::default())
         .await
         .expect("list Events")
         .items
         .into_iter()
-        .any(|event| {
+        .filter(|event| {
             event.reason.as_deref() == Some("JobRerun")
                 && event.regarding.as_ref().and_then(|r| r.kind.as_deref())
                     == Some("EphemeralRunnerSet")
-        });
-    assert!(reported, "a JobRerun Event on the runner set");
+        })
+        .filter_map(|event| event.note)
+        .collect();
+    assert!(
+        reruns.len() == 1 && reruns[0].contains("was evicted"),
+        "one JobRerun Event on the runner set, naming the eviction: {reruns:?}"
+    );
     verify(world, 0, &[]).await;
+    // The re-run attempt failed on its own in the meantime; still one re-run in all.
 }

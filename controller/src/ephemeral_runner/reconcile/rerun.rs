@@ -53,7 +53,17 @@ impl Step<'_> {
         otherwise: &str,
     ) -> Result<Action> {
         let status = self.status();
-        let cause = rerun::interruption(pod);
+        let (seen, remembered) = (
+            rerun::interruption(pod),
+            self.memory.pod_interrupted(&self.uid),
+        );
+        let cause = rerun::more_telling(seen, remembered);
+        tracing::info!(
+            pod = pod.is_some(),
+            ?seen,
+            ?remembered,
+            "a runner holding a job lost its pod"
+        );
         let what = cause.map_or_else(
             || otherwise.to_owned(),
             |cause| format!("the runner pod {}", cause.what()),
