@@ -253,6 +253,31 @@ pub fn after_request(job_id: i64, outcome: &RerunOutcome) -> RerunStep {
     }
 }
 
+/// What a listing of run `run_id`'s jobs that failed with HTTP `status` leads to: a run GitHub does not show (404)
+/// or refuses to show to these credentials (403, not a rate limit) is not re-run; `None`: try again later.
+pub fn after_listing_failed(
+    run_id: i64,
+    status: Option<u16>,
+    rate_limited: bool,
+) -> Option<RerunStep> {
+    match status {
+        Some(404) => Some(GiveUp::warning(
+            "JobRerunNotPossible",
+            format!(
+                "GitHub does not find run {run_id} (or the token may not see it); nothing is re-run"
+            ),
+        )),
+        Some(403) if !rate_limited => Some(GiveUp::warning(
+            "JobRerunForbidden",
+            format!(
+                "GitHub refused to list the jobs of run {run_id} (the scale set's GitHub App or token needs the \
+                 `actions: read` and `actions: write` permissions)"
+            ),
+        )),
+        _ => None,
+    }
+}
+
 fn lacks_permission(message: &str) -> bool {
     let message = message.to_ascii_lowercase();
     ["not accessible", "permission", "must have admin", "forbids"]
@@ -473,6 +498,28 @@ mod tests {
             after_request(2, &RerunOutcome::NotFound),
             RerunStep::GiveUp(GiveUp { warning: true, .. })
         ));
+    }
+
+    #[test]
+    fn a_run_github_will_not_show_is_given_up_and_anything_else_tried_again() {
+        assert!(matches!(
+            after_listing_failed(9, Some(404), false),
+            Some(RerunStep::GiveUp(GiveUp { warning: true, .. }))
+        ));
+        assert!(matches!(
+            after_listing_failed(9, Some(403), false),
+            Some(RerunStep::GiveUp(GiveUp {
+                reason: "JobRerunForbidden",
+                ..
+            }))
+        ));
+        assert_eq!(
+            after_listing_failed(9, Some(403), true),
+            None,
+            "a rate limit passes"
+        );
+        assert_eq!(after_listing_failed(9, Some(502), false), None);
+        assert_eq!(after_listing_failed(9, None, false), None, "no answer");
     }
 
     proptest! {

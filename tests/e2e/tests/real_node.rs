@@ -246,23 +246,30 @@ async fn a_busy_runners_pod_deleted_is_deregistered_and_deleted_with_an_event() 
         .expect("job");
     assert_eq!(job.times_started, 1, "{job:?}");
     world.wait_idle(0).await;
+    assert_eq!(
+        world.fake.state().snapshot().job_reruns,
+        0,
+        "a scale set that does not ask for re-runs gets none"
+    );
     world.uninstall_leaves_nothing().await;
     world.finish().await;
 }
 
-/// A runner OOM-killed mid-job: the kubelet reports `OOMKilled`/137 and the pod fails. The service still
-/// counts the runner busy until it stops hearing from it (the fake's lost-runner timeout, as the service fails
-/// the job of a runner that lost communication), so the controller cannot deregister it at once; it must not
-/// restart it either (the job is gone). What ARC users expect: the runner is deleted with a Warning Event once
-/// the service lets it go, the job fails once and is not run again, nothing is left.
+/// A runner OOM-killed mid-job, in a scale set that asks for the re-run of interrupted jobs: the kubelet reports
+/// `OOMKilled`/137 and the pod fails. The service still counts the runner busy until it stops hearing from it (the
+/// fake's lost-runner timeout, as the service fails the job of a runner that lost communication), so the controller
+/// cannot deregister it at once; it must not restart it either (the job is gone). The runner is deleted with a
+/// Warning Event that names the OOM kill, the job fails once, and once it has, GitHub is asked to run it again:
+/// exactly one new attempt, which is OOM-killed in its turn and, the set's limit being one re-run, not re-run again.
+/// Nothing is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_busy_runner_oom_killed_is_deregistered_and_deleted_with_an_event() {
+async fn a_busy_runner_oom_killed_is_finished_with_an_event_and_its_job_runs_again_once() {
     let Some(parts) = node_tier("e2e: busy runner OOM-killed") else {
         return;
     };
     let _turn = TURN.lock().await;
     // The runner grows its memory once its job starts, within a 64 MiB limit the kernel enforces.
-    let world = NodeWorld::start(
+    let world = NodeWorld::start_with_values(
         "node-oom",
         &parts,
         0,
@@ -274,6 +281,7 @@ async fn a_busy_runner_oom_killed_is_deregistered_and_deleted_with_an_event() {
             ],
             "resources": {"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}},
         }),
+        json!({"rerunInterruptedJobs": {"enabled": true}}),
     )
     .await;
     world.wait_listening().await;
@@ -323,34 +331,81 @@ async fn a_busy_runner_oom_killed_is_deregistered_and_deleted_with_an_event() {
             (gone && deregistered).then_some(())
         })
         .await;
-    let warnings: Vec<String> = world
-        .ctx
-        .api::<Event>()
-        .list(&ListParams::default())
+    let events = || async {
+        world
+            .ctx
+            .api::<Event>()
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+    };
+    let warnings: Vec<String> = events()
         .await
-        .expect("events")
-        .items
         .into_iter()
         .filter(|e| {
             e.involved_object.name.as_deref() == Some(er_name.as_str())
                 && e.involved_object.kind.as_deref() == Some("EphemeralRunner")
                 && e.type_.as_deref() == Some("Warning")
         })
-        .map(|e| format!("{:?}: {:?}", e.reason, e.message))
+        .filter_map(|e| e.message)
         .collect();
     eprintln!("EphemeralRunner {er_name}'s warnings: {warnings:#?}");
     assert!(
-        !warnings.is_empty(),
-        "a Warning Event says why the runner went"
+        warnings.iter().any(|note| note.contains("was OOM-killed")),
+        "a Warning Event says the runner's pod was OOM-killed: {warnings:#?}"
     );
     let job = world.fake.state().job(ids[0]).expect("job");
-    assert_eq!(job.times_started, 1, "the job was not run again: {job:?}");
+    assert_eq!(
+        job.times_started, 1,
+        "the job was not run again in place: {job:?}"
+    );
     assert_eq!(
         (job.state, job.result.as_deref(), job.runner_lost),
         (JobState::Completed, Some("failed"), true),
         "the service failed the job of its lost runner: {job:?}"
     );
+    // GitHub runs it again as a new attempt, which the set serves; OOM-killed again, it is not re-run a second time.
+    let attempt = world
+        .eventually("the re-run attempt ended", || async {
+            let snapshot = world.fake.state().snapshot();
+            snapshot
+                .jobs
+                .into_iter()
+                .find(|j| j.rerun_of == Some(ids[0]) && j.state == JobState::Completed)
+        })
+        .await;
+    assert_eq!(
+        (
+            attempt.run_attempt,
+            attempt.times_started,
+            attempt.result.as_deref()
+        ),
+        (2, 1, Some("failed")),
+        "{attempt:?}"
+    );
+    world
+        .eventually("the re-run's limit reported", || async {
+            events()
+                .await
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("JobRerunLimitReached"))
+                .then_some(())
+        })
+        .await;
     world.wait_idle(0).await;
+    let snapshot = world.fake.state().snapshot();
+    assert_eq!(snapshot.job_reruns, 1, "one re-run in all");
+    assert!(
+        events().await.iter().any(|e| {
+            e.reason.as_deref() == Some("JobRerun")
+                && e.involved_object.kind.as_deref() == Some("EphemeralRunnerSet")
+                && e.message
+                    .as_deref()
+                    .is_some_and(|note| note.contains("was OOM-killed"))
+        }),
+        "a JobRerun Event on the runner set names the OOM kill"
+    );
     world.uninstall_leaves_nothing().await;
     world.finish().await;
 }

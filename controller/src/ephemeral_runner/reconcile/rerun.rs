@@ -8,10 +8,11 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::super::rerun::{
-    self, GiveUp, Interruption, RerunStep, after_request, next_step, repository_of, rerun_limit,
-    rerun_owed,
+    self, GiveUp, Interruption, RerunStep, after_listing_failed, after_request, next_step,
+    repository_of, rerun_limit, rerun_owed,
 };
 use super::*;
+use actions_client::ErrorKind;
 use crds::EphemeralRunnerSet;
 use crds::constants::{JOB_INTERRUPTED_ANNOTATION, JOB_RERUN_FINALIZER};
 
@@ -190,20 +191,32 @@ impl Step<'_> {
             )),
             (Some(_), Some(limit), Some(repository)) => {
                 let actions = self.actions().await?;
-                let jobs = actions
-                    .list_workflow_run_jobs(repository, status.workflow_run_id)
-                    .await?;
                 let runner_name = if status.runner_name.is_empty() {
                     self.name.as_str()
                 } else {
                     status.runner_name.as_str()
                 };
-                match next_step(&jobs, runner_name, limit) {
-                    RerunStep::Request(job_id) => after_request(
-                        job_id,
-                        &actions.rerun_workflow_job(repository, job_id).await?,
-                    ),
-                    other => other,
+                match actions
+                    .list_workflow_run_jobs(repository, status.workflow_run_id)
+                    .await
+                {
+                    Ok(jobs) => match next_step(&jobs, runner_name, limit) {
+                        RerunStep::Request(job_id) => after_request(
+                            job_id,
+                            &actions.rerun_workflow_job(repository, job_id).await?,
+                        ),
+                        other => other,
+                    },
+                    Err(Error::ListWorkflowRunJobs { source, .. })
+                        if let Some(step) = after_listing_failed(
+                            status.workflow_run_id,
+                            source.status().map(|code| code.as_u16()),
+                            source.is(ErrorKind::RateLimited),
+                        ) =>
+                    {
+                        step
+                    }
+                    Err(error) => return Err(error),
                 }
             }
         };
