@@ -81,13 +81,17 @@ impl Step<'_> {
             }
             (None, None) => "the job is left to GitHub",
         };
-        self.event(
-            EventType::Warning,
-            event_reason,
-            "DeleteRunner",
-            format!("{what} while the runner ran {job}; the runner is finished and {then}"),
-        )
-        .await;
+        let note = format!("{what} while the runner ran {job}; the runner is finished and {then}");
+        // Said on the runner too, where `kubectl describe` shows it for as long as the runner stays (its re-run
+        // may hold it a while); not ready, as its pod is gone.
+        let mut patch = StatusPatch {
+            ready: Some(false),
+            ..StatusPatch::default()
+        };
+        patch.explain(event_reason.to_owned(), note.clone());
+        self.patch_status(&patch).await?;
+        self.event(EventType::Warning, event_reason, "DeleteRunner", note)
+            .await;
         self.delete_self().await?;
         Ok(Action::await_change())
     }
