@@ -63,6 +63,10 @@ const JIT_CONFIG_WAIT: Duration = Duration::from_secs(30);
 const STATUS_PATCH_DEADLINE: Duration = Duration::from_secs(120);
 /// The longest wait between two attempts of a status patch.
 const STATUS_PATCH_BACKOFF_CAP: Duration = Duration::from_secs(2);
+/// How long a runner refused its JIT config waits for its EphemeralRunner's deletion before it is taken for a
+/// broken one: a scale-down deregisters a runner and then deletes it, and a manager killed between the two leaves
+/// the deletion to its successor, which starts and acts within seconds.
+const RUNNER_DELETION_WAIT: Duration = Duration::from_secs(15);
 
 /// How simulated runner pods behave. Read when a pod is first seen, so a change applies to new pods only.
 #[derive(Debug, Clone)]
@@ -566,8 +570,11 @@ impl PodRunner {
                     .await?;
                 // A runner (or pod) being taken away is deregistered before its pod goes: a container that
                 // started in between finds its config revoked, as it would on a kubelet, and its pod goes all
-                // the same. A config used twice is counted by the fake itself, whatever happens here.
-                if self.taken_away(pod).await {
+                // the same. A scale-down deletes the runner right after its deregistration (a manager killed in
+                // between leaves that to its successor), so the runner's deletion is given a moment to show; the
+                // pod's is not, as the manager deletes a failed pod itself. A config used twice is counted by the
+                // fake itself, whatever happens here.
+                if self.taken_away(pod).await || self.runner_taken_away_soon(pod).await {
                     return Err(Stop::Deleted);
                 }
                 return Err(Stop::Broken(format!(
@@ -649,14 +656,32 @@ impl PodRunner {
     /// Whether the API server says the pod or the runner owning it is gone or being deleted (an answer it cannot
     /// give counts as no).
     async fn taken_away(&self, pod: &Pod) -> bool {
-        let namespace = pod.namespace().unwrap_or_default();
-        let going = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_some();
         match self.pods.get_opt(&self.name).await {
             Ok(None) => return true,
-            Ok(Some(current)) if going(&current.metadata) => return true,
+            Ok(Some(current)) if current.metadata.deletion_timestamp.is_some() => return true,
             Ok(Some(_)) => {}
             Err(_) => return false,
         }
+        self.runner_taken_away(pod).await
+    }
+
+    /// Whether the runner owning `pod` is gone or being deleted within [`RUNNER_DELETION_WAIT`], asked every 200 ms.
+    async fn runner_taken_away_soon(&self, pod: &Pod) -> bool {
+        let deadline = Instant::now() + RUNNER_DELETION_WAIT;
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if self.runner_taken_away(pod).await {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether the API server says the runner owning `pod` is gone or being deleted (an answer it cannot give
+    /// counts as no).
+    async fn runner_taken_away(&self, pod: &Pod) -> bool {
+        let namespace = pod.namespace().unwrap_or_default();
+        let going = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_some();
         let Some(owner) = pod
             .owner_references()
             .iter()
