@@ -638,6 +638,28 @@ async fn deadlines_hold_under_injected_latency() {
 
 // ----- GitHub REST: a workflow run's jobs and re-runs -----
 
+/// A job of repository `my-org/app` in a new scale set named `set_name`, cancelled so that its run has finished;
+/// its request id and the fake's view of it.
+async fn a_finished_job(
+    fake: &FakeActionsService,
+    client: &ActionsClient,
+    set_name: &str,
+) -> (i64, fake_actions_service::JobView) {
+    let set = client
+        .create_runner_scale_set(&new_set(set_name))
+        .await
+        .expect("create");
+    let job = fake
+        .state()
+        .enqueue_jobs(&EnqueueJobs {
+            scale_set_id: Some(set.id),
+            repository: Some("app".into()),
+            ..Default::default()
+        })
+        .expect("enqueue")[0];
+    (job, fake.state().cancel_job(job).expect("cancel"))
+}
+
 /// The fake's message when a job's run is not completed (docs/fake-actions-service.md).
 const RUN_STILL_RUNNING: &str = "The workflow run containing this job is already running";
 
@@ -830,19 +852,7 @@ async fn a_completed_job_found_by_its_runner_is_rerun_as_a_second_attempt() {
 #[tokio::test]
 async fn unknown_jobs_are_not_found_and_bad_repositories_are_not_sent() {
     let (fake, client) = start(quick_config()).await;
-    let set = client
-        .create_runner_scale_set(&new_set("unknown"))
-        .await
-        .expect("create");
-    let job = fake
-        .state()
-        .enqueue_jobs(&EnqueueJobs {
-            scale_set_id: Some(set.id),
-            repository: Some("app".into()),
-            ..Default::default()
-        })
-        .expect("enqueue")[0];
-    let view = fake.state().cancel_job(job).expect("cancel");
+    let (job, view) = a_finished_job(&fake, &client, "unknown").await;
 
     // An unknown REST id, a request id mistaken for one, a job of another repository.
     for (repository, id) in [
@@ -902,19 +912,7 @@ async fn unknown_jobs_are_not_found_and_bad_repositories_are_not_sent() {
 #[tokio::test]
 async fn rest_job_calls_map_rate_limits_and_retry_server_errors() {
     let (fake, client) = start(quick_config()).await;
-    let set = client
-        .create_runner_scale_set(&new_set("faults"))
-        .await
-        .expect("create");
-    let job = fake
-        .state()
-        .enqueue_jobs(&EnqueueJobs {
-            scale_set_id: Some(set.id),
-            repository: Some("app".into()),
-            ..Default::default()
-        })
-        .expect("enqueue")[0];
-    let view = fake.state().cancel_job(job).expect("cancel");
+    let (_, view) = a_finished_job(&fake, &client, "faults").await;
     let fault = |endpoint: &str, status, retry_after_secs| ErrorFault {
         endpoint: Some(endpoint.into()),
         status,

@@ -92,19 +92,59 @@ fn without_finalizers(current: &[String], remove: &[&str]) -> Option<Vec<String>
     (wanted.len() != current.len()).then_some(wanted)
 }
 
+/// Adds `finalizer` to `obj` and sets its annotation `key` to `value`, in one patch (the finalizer then records
+/// what the annotation says is left to do); returns whether it sent one (not when the finalizer is there).
+pub async fn add_finalizer_with_annotation<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+    key: &str,
+    value: &str,
+) -> Result<bool>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let Some(wanted) = with_finalizers(obj.finalizers(), &[finalizer]) else {
+        return Ok(false);
+    };
+    let annotation = match obj.meta().annotations {
+        Some(_) => AddOperation {
+            path: PointerBuf::from_tokens(["metadata", "annotations", key]),
+            value: value.into(),
+        },
+        None => AddOperation {
+            path: "/metadata/annotations"
+                .parse::<PointerBuf>()
+                .unwrap_or_default(),
+            value: serde_json::json!({ key: value }),
+        },
+    };
+    set_finalizers(api, obj, wanted, vec![PatchOperation::Add(annotation)])
+        .await
+        .map(|()| true)
+}
+
 async fn edit_finalizers<K>(api: &Api<K>, obj: &K, wanted: Option<Vec<String>>) -> Result<bool>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     match wanted {
-        Some(wanted) => set_finalizers(api, obj, wanted).await.map(|()| true),
+        Some(wanted) => set_finalizers(api, obj, wanted, Vec::new())
+            .await
+            .map(|()| true),
         None => Ok(false),
     }
 }
 
-/// Replaces `obj`'s finalizers with `wanted`, failing (so the caller retries with fresh data) if the list
-/// changed since `obj` was read; a JSON patch `test` makes the check without locking the whole object.
-async fn set_finalizers<K>(api: &Api<K>, obj: &K, wanted: Vec<String>) -> Result<()>
+/// Replaces `obj`'s finalizers with `wanted` (and applies `also` in the same patch), failing (so the caller retries
+/// with fresh data) if the list changed since `obj` was read; a JSON patch `test` makes the check without locking
+/// the whole object.
+async fn set_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    wanted: Vec<String>,
+    also: Vec<PatchOperation>,
+) -> Result<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
@@ -133,6 +173,7 @@ where
             }),
         ]
     };
+    let operations: Vec<PatchOperation> = operations.into_iter().chain(also).collect();
     let (name, namespace) = name_and_namespace(obj)?;
     match api
         .patch(

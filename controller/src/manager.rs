@@ -204,7 +204,7 @@ impl Manager {
         // set's to hear.
         let (pod_runners, pod_set_tx) = (runner_store.clone(), set_wakeup_tx.clone());
         let succeeded_memory = Arc::clone(&runner_memory);
-        let deleted_pod_memory = Arc::clone(&runner_memory);
+        let ending_pod_memory = Arc::clone(&runner_memory);
         pod_fanout.observe(move |pod: &CachedPod| {
             if succeeded_memory.observe_pod(pod) {
                 // Its runner's end: the teardown lane's, nothing of the set's.
@@ -276,7 +276,7 @@ impl Manager {
                 move |pod: &CachedPod| {
                     // The pod's last state (an unbound pod's eviction deletes it at once: this event is the only
                     // one that shows how), remembered before its runner's pass runs.
-                    deleted_pod_memory.observe_deleted_pod(pod);
+                    ending_pod_memory.observe_pod_end(pod);
                     if let Some(owner) = controller_owner::<_, EphemeralRunner>(pod) {
                         let _ = pod_deleted_tx.unbounded_send(owner);
                     }

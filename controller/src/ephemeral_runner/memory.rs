@@ -542,10 +542,10 @@ impl RunnerMemory {
 
     /// The pod watch's hook, on every event of `pod`: a runner's pod that succeeded has its runner's teardown due
     /// from this event on (the teardown metric's `waited` stage). Returns whether it did. Any other pod has how it
-    /// ended remembered ([`RunnerMemory::observe_deleted_pod`]).
+    /// ended remembered ([`RunnerMemory::observe_pod_end`]).
     pub fn observe_pod(&self, pod: &CachedPod) -> bool {
         if super::policy::pod_phase(pod) != crds::constants::phase::SUCCEEDED {
-            self.observe_deleted_pod(pod);
+            self.observe_pod_end(pod);
             return false;
         }
         let Some(owner) = pod
@@ -564,7 +564,7 @@ impl RunnerMemory {
     /// the deletion, a kubelet's later status write may replace it, and an unbound pod's eviction deletes it at once,
     /// so only its deletion event shows it), and an evicted job is then still told from a deleted one. The pod
     /// watch's hook for deletions too.
-    pub fn observe_deleted_pod(&self, pod: &CachedPod) {
+    pub fn observe_pod_end(&self, pod: &CachedPod) {
         let ending = pod.metadata.deletion_timestamp.is_some()
             || super::policy::pod_phase(pod) == crds::constants::phase::FAILED
             || super::policy::disruption_class(pod).is_some();
@@ -830,7 +830,7 @@ mod tests {
         };
         let marked = serde_json::json!({"phase": "Running", "conditions": [
             {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]});
-        memory.observe_deleted_pod(&pod("gone", marked.clone()));
+        memory.observe_pod_end(&pod("gone", marked.clone()));
         assert!(memory.pod_interrupted("gone").is_none());
         assert!(
             !memory.inner().records.contains_key("gone"),
@@ -850,7 +850,7 @@ mod tests {
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::from_second(1).unwrap(),
             ));
-        memory.observe_deleted_pod(&deleted);
+        memory.observe_pod_end(&deleted);
         assert_eq!(
             memory.pod_interrupted("u"),
             Some(super::super::rerun::Interruption::Evicted)

@@ -1,6 +1,7 @@
 //! A runner pass's observation (observe → decide → execute): what the caches and the runner's memory record say,
 //! as the [`Facts`] [`super::lifecycle::decide`] takes, and which lane a runner belongs to. Reads only; no request.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crds::constants::{
@@ -134,17 +135,20 @@ pub fn template_outdated(runner: &EphemeralRunner, stores: &Stores) -> bool {
     let Some(made_from) = runner.annotations().get(INTEGRITY_HASH_ANNOTATION) else {
         return false;
     };
-    let Some(owner) = runner.owner_references().iter().find(|owner| {
+    owner_set(runner, stores)
+        .and_then(|set| runner_spec_hash(&set.spec.ephemeral_runner_spec).ok())
+        .is_some_and(|current| current != *made_from)
+}
+
+/// The runner's own set (its controller owner, the same uid) as cached, if it is there.
+pub fn owner_set(runner: &EphemeralRunner, stores: &Stores) -> Option<Arc<EphemeralRunnerSet>> {
+    let owner = runner.owner_references().iter().find(|owner| {
         owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
-    }) else {
-        return false;
-    };
+    })?;
     stores
         .runner_sets
         .get(&ObjectRef::new(&owner.name).within(&runner.namespace().unwrap_or_default()))
         .filter(|set| set.uid().as_deref() == Some(owner.uid.as_str()))
-        .and_then(|set| runner_spec_hash(&set.spec.ephemeral_runner_spec).ok())
-        .is_some_and(|current| current != *made_from)
 }
 
 /// Whether the runner's end came while a pass ran: the teardown lane finalized it, or the caches now show it

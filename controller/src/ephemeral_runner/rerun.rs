@@ -177,6 +177,33 @@ impl GiveUp {
     }
 }
 
+/// What stops a re-run before GitHub is asked, if anything: the runner's set is gone or going (`set_live`), no
+/// longer asks for re-runs (`limit`), the runner records no repository, or the re-run has been waited for longer
+/// than `wait` (`waited`, since the runner's deletion).
+pub fn before_asking(
+    set_live: bool,
+    limit: Option<i64>,
+    repository: Option<&str>,
+    waited: std::time::Duration,
+    wait: std::time::Duration,
+) -> Option<RerunStep> {
+    let why = if !set_live {
+        "its scale set is being deleted".to_owned()
+    } else if limit.is_none() {
+        "its scale set no longer asks for re-runs".to_owned()
+    } else if repository.is_none() {
+        "the runner records no job repository".to_owned()
+    } else if waited > wait {
+        format!("its run did not finish within {}s", wait.as_secs())
+    } else {
+        return None;
+    };
+    Some(GiveUp::warning(
+        "JobRerunAbandoned",
+        format!("the re-run is given up: {why}"),
+    ))
+}
+
 /// The next step, given every attempt of every job of the run (`jobs`), the name the runner ran under, and the
 /// set's limit: the job that ran on this runner is re-run once it and its run have finished, if it failed, no
 /// later attempt of it exists and its run has had at most `limit` attempts.
@@ -418,6 +445,53 @@ mod tests {
         assert_eq!(rerun_limit(&annotations("0")), None);
         assert_eq!(rerun_limit(&annotations("yes")), None);
         assert_eq!(rerun_limit(&BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn a_re_run_is_given_up_before_asking_when_nothing_can_come_of_it() {
+        let hour = std::time::Duration::from_secs(3600);
+        let abandoned = |step: Option<RerunStep>| {
+            matches!(
+                step,
+                Some(RerunStep::GiveUp(GiveUp {
+                    warning: true,
+                    reason: "JobRerunAbandoned",
+                    ..
+                }))
+            )
+        };
+        assert_eq!(
+            before_asking(true, Some(1), Some("o/r"), hour / 2, hour),
+            None
+        );
+        assert!(abandoned(before_asking(
+            false,
+            Some(1),
+            Some("o/r"),
+            hour / 2,
+            hour
+        )));
+        assert!(abandoned(before_asking(
+            true,
+            None,
+            Some("o/r"),
+            hour / 2,
+            hour
+        )));
+        assert!(abandoned(before_asking(
+            true,
+            Some(1),
+            None,
+            hour / 2,
+            hour
+        )));
+        assert!(abandoned(before_asking(
+            true,
+            Some(1),
+            Some("o/r"),
+            hour * 2,
+            hour
+        )));
     }
 
     #[test]

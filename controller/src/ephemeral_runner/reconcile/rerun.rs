@@ -2,45 +2,21 @@
 //! owed from then on by a finalizer and asked of GitHub by the teardown lane once the runner is torn down
 //! ([`super::super::rerun`] decides).
 
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-
 use super::super::rerun::{
-    self, GiveUp, Interruption, RerunStep, after_listing_failed, after_request, next_step,
-    repository_of, rerun_limit, rerun_owed,
+    self, GiveUp, Interruption, RerunStep, after_listing_failed, after_request, before_asking,
+    next_step, repository_of, rerun_limit, rerun_owed,
 };
 use super::*;
+use crate::kubeutil::add_finalizer_with_annotation;
 use actions_client::ErrorKind;
 use crds::EphemeralRunnerSet;
 use crds::constants::{JOB_INTERRUPTED_ANNOTATION, JOB_RERUN_FINALIZER};
 
 impl Step<'_> {
     /// The runner's set as cached, when it is there and not being deleted.
-    fn live_set(&self) -> Option<(OwnerReference, Arc<EphemeralRunnerSet>)> {
-        let owner = self
-            .runner
-            .owner_references()
-            .iter()
-            .find(|owner| {
-                owner.controller == Some(true) && owner.kind == EphemeralRunnerSet::kind(&())
-            })?
-            .clone();
-        let set = self
-            .ctx
-            .stores
-            .runner_sets
-            .get(&ObjectRef::new(&owner.name).within(&self.namespace))
-            .filter(|set| set.uid().as_deref() == Some(owner.uid.as_str()))
-            .filter(|set| set.meta().deletion_timestamp.is_none())?;
-        Some((owner, set))
-    }
-
-    /// The re-run limit the runner's set asks for, if it does.
-    fn set_rerun_limit(&self) -> Option<i64> {
-        self.live_set()
-            .and_then(|(_, set)| rerun_limit(set.annotations()))
+    fn live_set(&self) -> Option<Arc<EphemeralRunnerSet>> {
+        observe::owner_set(self.runner, &self.ctx.stores)
+            .filter(|set| set.meta().deletion_timestamp.is_none())
     }
 
     /// A runner holding a job lost its pod (`pod` as last seen, `None` when gone): the Event (`event_reason`) says
@@ -69,7 +45,10 @@ impl Step<'_> {
             || otherwise.to_owned(),
             |cause| format!("the runner pod {}", cause.what()),
         );
-        let owed = rerun_owed(self.set_rerun_limit(), &status, cause);
+        let limit = self
+            .live_set()
+            .and_then(|set| rerun_limit(set.annotations()));
+        let owed = rerun_owed(limit, &status, cause);
         if let Some(cause) = owed {
             self.owe_rerun(cause).await?;
         }
@@ -99,65 +78,15 @@ impl Step<'_> {
     /// Adds the re-run finalizer and the interruption's annotation in one patch, failing (the pass is retried) if
     /// the finalizers changed since the runner was read.
     async fn owe_rerun(&self, cause: Interruption) -> Result<()> {
-        if has_finalizer(self.runner, JOB_RERUN_FINALIZER) {
-            return Ok(());
-        }
-        let current = self.runner.finalizers().to_vec();
-        let mut wanted = current.clone();
-        wanted.push(JOB_RERUN_FINALIZER.to_owned());
-        let path = |p: &str| p.parse::<PointerBuf>().unwrap_or_default();
-        let finalizers = if current.is_empty() {
-            PatchOperation::Add(AddOperation {
-                path: path("/metadata/finalizers"),
-                value: wanted.into(),
-            })
-        } else {
-            PatchOperation::Replace(ReplaceOperation {
-                path: path("/metadata/finalizers"),
-                value: wanted.into(),
-            })
-        };
-        let annotation = match self.runner.meta().annotations {
-            Some(_) => AddOperation {
-                path: PointerBuf::from_tokens([
-                    "metadata",
-                    "annotations",
-                    JOB_INTERRUPTED_ANNOTATION,
-                ]),
-                value: cause.label().into(),
-            },
-            None => AddOperation {
-                path: path("/metadata/annotations"),
-                value: json!({ JOB_INTERRUPTED_ANNOTATION: cause.label() }),
-            },
-        };
-        let operations = vec![
-            PatchOperation::Test(TestOperation {
-                path: path("/metadata/finalizers"),
-                value: if current.is_empty() {
-                    serde_json::Value::Null
-                } else {
-                    current.into()
-                },
-            }),
-            finalizers,
-            PatchOperation::Add(annotation),
-        ];
-        self.api
-            .patch(
-                &self.name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(json_patch::Patch(operations)),
-            )
-            .await
-            .map_err(|source| Error::PatchObject {
-                kind: EphemeralRunner::kind(&()),
-                what: "job re-run finalizer",
-                namespace: self.namespace.clone(),
-                name: self.name.clone(),
-                source: Box::new(source),
-            })?;
-        Ok(())
+        add_finalizer_with_annotation(
+            &self.api,
+            self.runner,
+            JOB_RERUN_FINALIZER,
+            JOB_INTERRUPTED_ANNOTATION,
+            cause.label(),
+        )
+        .await
+        .map(drop)
     }
 
     /// The teardown's last step for a runner owed a re-run: asks GitHub once the job and its run have finished,
@@ -180,48 +109,24 @@ impl Step<'_> {
             .and_then(|since| Duration::try_from(Timestamp::now().duration_since(since.0)).ok())
             .unwrap_or_default();
         let set = self.live_set();
-        let limit = set
-            .as_ref()
-            .and_then(|(_, set)| rerun_limit(set.annotations()));
-        let step = match (&set, limit, repository_of(&status)) {
-            (None, _, _) => abandoned("its scale set is being deleted".to_owned()),
-            (Some(_), None, _) => abandoned("its scale set no longer asks for re-runs".to_owned()),
-            (Some(_), Some(_), None) => {
-                abandoned("the runner records no job repository".to_owned())
-            }
-            _ if waited > policy.job_rerun_wait => abandoned(format!(
-                "its run did not finish within {}s",
-                policy.job_rerun_wait.as_secs()
-            )),
-            (Some(_), Some(limit), Some(repository)) => {
-                let actions = self.actions().await?;
-                let runner_name = if status.runner_name.is_empty() {
-                    self.name.as_str()
-                } else {
-                    status.runner_name.as_str()
-                };
-                match actions
-                    .list_workflow_run_jobs(repository, status.workflow_run_id)
-                    .await
-                {
-                    Ok(jobs) => match next_step(&jobs, runner_name, limit) {
-                        RerunStep::Request(job_id) => after_request(
-                            job_id,
-                            &actions.rerun_workflow_job(repository, job_id).await?,
-                        ),
-                        other => other,
-                    },
-                    Err(Error::ListWorkflowRunJobs { source, .. })
-                        if let Some(step) = after_listing_failed(
-                            status.workflow_run_id,
-                            source.status().map(|code| code.as_u16()),
-                            source.is(ErrorKind::RateLimited),
-                        ) =>
-                    {
-                        step
-                    }
-                    Err(error) => return Err(error),
-                }
+        let limit = set.as_ref().and_then(|set| rerun_limit(set.annotations()));
+        let repository = repository_of(&status);
+        let step = match before_asking(
+            set.is_some(),
+            limit,
+            repository,
+            waited,
+            policy.job_rerun_wait,
+        ) {
+            Some(step) => step,
+            None => {
+                self.ask_github(
+                    repository.unwrap_or_default(),
+                    status.workflow_run_id,
+                    &status.runner_name,
+                    limit.unwrap_or(1),
+                )
+                .await?
             }
         };
         let job = describe_job(&status);
@@ -240,10 +145,10 @@ impl Step<'_> {
                     cause.what(),
                     self.name
                 );
-                if let Some((owner, _)) = &set {
+                if let Some(set) = &set {
                     self.ctx
                         .publish(
-                            &set_reference(owner, &self.namespace),
+                            &set.object_ref(&()),
                             EventType::Normal,
                             "JobRerun",
                             "RerunJob",
@@ -271,14 +176,42 @@ impl Step<'_> {
         remove_finalizers(&self.api, self.runner, &[JOB_RERUN_FINALIZER]).await?;
         Ok(Action::await_change())
     }
-}
-
-fn abandoned(why: String) -> RerunStep {
-    RerunStep::GiveUp(GiveUp {
-        warning: true,
-        reason: "JobRerunAbandoned",
-        note: format!("the re-run is given up: {why}"),
-    })
+    /// Looks up the job that ran on this runner (`runner_name`, the object's name when empty) among every attempt of
+    /// run `run_id`, and asks for its re-run when [`next_step`] says so.
+    async fn ask_github(
+        &self,
+        repository: &str,
+        run_id: i64,
+        runner_name: &str,
+        limit: i64,
+    ) -> Result<RerunStep> {
+        let actions = self.actions().await?;
+        let runner_name = if runner_name.is_empty() {
+            self.name.as_str()
+        } else {
+            runner_name
+        };
+        let jobs = match actions.list_workflow_run_jobs(repository, run_id).await {
+            Ok(jobs) => jobs,
+            Err(Error::ListWorkflowRunJobs { source, .. })
+                if let Some(step) = after_listing_failed(
+                    run_id,
+                    source.status().map(|code| code.as_u16()),
+                    source.is(ErrorKind::RateLimited),
+                ) =>
+            {
+                return Ok(step);
+            }
+            Err(error) => return Err(error),
+        };
+        Ok(match next_step(&jobs, runner_name, limit) {
+            RerunStep::Request(job_id) => after_request(
+                job_id,
+                &actions.rerun_workflow_job(repository, job_id).await?,
+            ),
+            other => other,
+        })
+    }
 }
 
 /// The runner's job as the listener recorded it, for Events.
@@ -296,16 +229,4 @@ fn describe_job(status: &crds::EphemeralRunnerStatus) -> String {
         text.push_str(&format!(" ({})", status.job_workflow_ref));
     }
     text
-}
-
-/// A reference to the runner's set for an Event, from its owner reference.
-fn set_reference(owner: &OwnerReference, namespace: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(owner.api_version.clone()),
-        kind: Some(owner.kind.clone()),
-        name: Some(owner.name.clone()),
-        namespace: Some(namespace.to_owned()),
-        uid: Some(owner.uid.clone()),
-        ..ObjectReference::default()
-    }
 }
