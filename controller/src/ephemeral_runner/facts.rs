@@ -23,6 +23,16 @@ pub fn in_teardown(runner: &EphemeralRunner, pod: Option<&CachedPod>) -> bool {
             }))
 }
 
+/// Whether runner `uid`, ending under registration `registration` (0: not known), may have taken a job with it,
+/// so that its set keeps its place until the listener's target leaves the job out (`crate::completions`). Not
+/// when this process removed that registration before the end: the service consents to a removal only while the
+/// runner holds no job, and gives a removed registration none. A scale-down deregisters an idle runner and then
+/// deletes it, and its pod may exit 0 in between; holding its place would delay the set's next runner by the
+/// hold (10 s).
+pub fn may_have_left_with_job(memory: &RunnerMemory, uid: &str, registration: i64) -> bool {
+    registration == 0 || !memory.was_deregistered(uid, registration)
+}
+
 /// The registration `runner` runs under as far as this process knows: the one its status records, or, until the
 /// status records one, the one this process created its pod `pod` under (the identity goes into the status with
 /// the pod's first state worth showing, see the runner controller's pod creation). With no pod, the registration
@@ -58,6 +68,21 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
     use serde_json::json;
+
+    #[test]
+    fn a_runner_deregistered_while_idle_never_holds_a_place_for_a_job() {
+        let memory = RunnerMemory::default();
+        assert!(
+            may_have_left_with_job(&memory, "u", 0),
+            "nothing known: held"
+        );
+        assert!(may_have_left_with_job(&memory, "u", 7));
+        memory.deregistered("u", 7);
+        assert!(!may_have_left_with_job(&memory, "u", 7));
+        // Another registration of the runner, or another runner: still held.
+        assert!(may_have_left_with_job(&memory, "u", 8));
+        assert!(may_have_left_with_job(&memory, "v", 7));
+    }
 
     #[test]
     fn the_teardown_lane_takes_deleted_runners_and_runners_whose_pod_succeeded() {

@@ -95,7 +95,8 @@ struct NotCreated {
 #[derive(Debug, Default)]
 struct Ending {
     /// Registrations removed from the service: the set controller's scale-down removes one before it deletes the
-    /// runner, whose finalizer then need not ask the service again.
+    /// runner, whose finalizer then need not ask the service again; the main lane one whose config it discards.
+    /// Each was removed while the runner held no job (the service's consent).
     deregistered: HashSet<i64>,
     /// The API server accepted the removal of the runner's finalizers while it was being deleted: the object is
     /// gone, and a pass on a cached copy that still shows them has nothing to delete or patch.

@@ -43,7 +43,9 @@ use super::scale::{
 use crate::actions::{Actions, ClientSource, Removal, credentials_gone};
 use crate::completions::{Counted, listing, set_key};
 use crate::context::{CacheView, Context};
-use crate::ephemeral_runner::facts::{RunnerMemory, in_teardown, known_identity};
+use crate::ephemeral_runner::facts::{
+    RunnerMemory, in_teardown, known_identity, may_have_left_with_job,
+};
 use crate::error::{Error, Result};
 use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::kubeutil::{
@@ -374,10 +376,16 @@ impl<'a> SetStep<'a> {
             .counted()
             .map(|runner| {
                 let pod = self.pod_of(runner);
+                let registration = self.registration_of(runner, pod.as_deref());
                 Counted {
                     name: runner.metadata.name.as_deref().unwrap_or_default(),
-                    registration: self.registration_of(runner, pod.as_deref()),
-                    succeeded: in_teardown(runner, pod.as_deref()),
+                    registration,
+                    succeeded: in_teardown(runner, pod.as_deref())
+                        && may_have_left_with_job(
+                            self.memory,
+                            &runner.uid().unwrap_or_default(),
+                            registration,
+                        ),
                 }
             })
             .collect();

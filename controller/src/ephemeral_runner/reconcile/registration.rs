@@ -162,8 +162,11 @@ impl Step<'_> {
     ) -> Result<(Removal, i64)> {
         let actions = self.actions().await?;
         let runner_id = self.registration_id(&actions, identity).await?;
-        if runner_id != 0 && actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
-            return Ok((Removal::JobStillRunning, runner_id));
+        if runner_id != 0 {
+            if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
+                return Ok((Removal::JobStillRunning, runner_id));
+            }
+            self.memory.deregistered(&self.uid, runner_id);
         }
         Ok((Removal::Removed, runner_id))
     }

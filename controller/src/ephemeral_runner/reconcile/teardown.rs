@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use super::super::facts::may_have_left_with_job;
 use super::*;
 use crate::metrics::teardown_stage;
 use crds::constants::JOB_RERUN_FINALIZER;
@@ -30,7 +31,9 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) ->
         // listener's record of the job never reached the runner (a job shorter than that write).
         let registration = known_identity(memory, &runner, pod.as_deref())
             .map_or(0, |identity| identity.runner_id);
-        ctx.completions.left(&set, &step.name, registration);
+        if may_have_left_with_job(memory, &step.uid, registration) {
+            ctx.completions.left(&set, &step.name, registration);
+        }
     }
     step.finalize(delete).await
 }
