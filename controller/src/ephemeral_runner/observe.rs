@@ -63,6 +63,17 @@ pub fn pod_fact(pod: Option<&CachedPod>, now: Timestamp) -> PodFact {
     }
 }
 
+/// How long from `now` until terminating pod `pod` counts as stuck ([`pod_fact`]'s `past_deadline`), and a second
+/// more: a runner waiting for its deleted pod to go comes back then, if the pod's deletion event did not bring it
+/// back before.
+pub fn until_stuck(pod: Option<&CachedPod>, now: Timestamp) -> Duration {
+    let until_deadline = pod
+        .and_then(|pod| pod.meta().deletion_timestamp.as_ref())
+        .and_then(|deadline| Duration::try_from(deadline.0.duration_since(now)).ok())
+        .unwrap_or(Duration::ZERO);
+    until_deadline + STUCK_TERMINATING_SLACK + Duration::from_secs(1)
+}
+
 /// What the cached runner and its cached pod say, with the runner's memory record (`memory`), before anything is
 /// read from the API server. `outdated_template` is asked only for a runner about to register (hashing the
 /// template is not free).
@@ -174,4 +185,39 @@ pub fn ended_meanwhile(runner: &EphemeralRunner, stores: &Stores, memory: &Runne
         pod.meta().deletion_timestamp.is_some() || judge_pod(&pod) == PodVerdict::Succeeded
     });
     runner_going || pod_ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn a_runner_waiting_for_its_deleted_pod_comes_back_once_the_pod_counts_as_stuck() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let terminating = |deadline: i64| -> CachedPod {
+            let mut pod = CachedPod::default();
+            pod.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(deadline).unwrap()));
+            pod
+        };
+        let slack = STUCK_TERMINATING_SLACK + Duration::from_secs(1);
+        assert_eq!(
+            until_stuck(Some(&terminating(1_030)), now),
+            Duration::from_secs(30) + slack
+        );
+        // Past its deadline already, or not terminating at all: the slack alone.
+        assert_eq!(until_stuck(Some(&terminating(900)), now), slack);
+        assert_eq!(until_stuck(None, now), slack);
+        // Whatever the deadline, the pod's fact turns past deadline by then.
+        let pod = terminating(1_030);
+        let then =
+            Timestamp::from_second(1_000 + until_stuck(Some(&pod), now).as_secs() as i64).unwrap();
+        assert!(matches!(
+            pod_fact(Some(&pod), then),
+            PodFact::Terminating {
+                past_deadline: true,
+                ..
+            }
+        ));
+    }
 }

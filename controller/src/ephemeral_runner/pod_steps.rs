@@ -11,9 +11,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::pod::JitIdentity;
-use super::policy::{PodFailure, disruption_delay, failure_delay};
+use super::policy::{
+    PodFailure, PodVerdict, disruption_delay, failure_delay, judge_pod, starting_normally,
+};
 use super::status_patch::{RunnerPhase, StatusPatch};
 use crate::options::RunnerPolicy;
+use crate::pods::CachedPod;
+use kube::ResourceExt;
 
 /// A Kubernetes Event a step publishes about its runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +47,69 @@ pub struct Following<'a> {
     pub starting_normally: bool,
     /// The registration the pod runs under, when known.
     pub identity: Option<&'a JitIdentity>,
+}
+
+/// What a pass does with the pod of its runner, whose status is `status` ([`on_pod`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnPod {
+    /// Its failure is recorded already: delete it (again); its deletion event brings the runner back.
+    AlreadyFailed,
+    /// Starting as it should, with nothing to show yet: the identity waits for the first state worth a write.
+    Wait,
+    /// Starting (or waiting for a node, shown as Pending) or running: mirror it ([`follow`]).
+    Follow {
+        /// The phase to show.
+        phase: String,
+        /// Whether the runner container is ready.
+        ready: bool,
+        /// Why the pod is where it is.
+        reason: String,
+        /// The message that goes with `reason`.
+        message: String,
+        /// It has not run yet and waits on nothing.
+        starting_normally: bool,
+    },
+    /// The runner exited 0: the teardown lane's, which its watch event brings it to.
+    Succeeded,
+    /// The runner exited as a deprecated version does: marked Outdated.
+    Outdated,
+    /// It failed ([`pod_failed`]).
+    Failed(PodFailure),
+}
+
+/// [`OnPod`] for pod `pod` of a runner whose status is `status`.
+pub fn on_pod(status: &EphemeralRunnerStatus, pod: &CachedPod) -> OnPod {
+    if pod
+        .uid()
+        .is_some_and(|uid| status.failures.contains_key(&uid))
+    {
+        return OnPod::AlreadyFailed;
+    }
+    match judge_pod(pod) {
+        PodVerdict::Wait if starting_normally(pod) => OnPod::Wait,
+        PodVerdict::Wait => OnPod::Follow {
+            phase: phase::PENDING.to_owned(),
+            ready: false,
+            reason: String::new(),
+            message: String::new(),
+            starting_normally: false,
+        },
+        PodVerdict::Progress {
+            phase,
+            ready,
+            reason,
+            message,
+        } => OnPod::Follow {
+            phase,
+            ready,
+            reason,
+            message,
+            starting_normally: starting_normally(pod),
+        },
+        PodVerdict::Succeeded => OnPod::Succeeded,
+        PodVerdict::Outdated => OnPod::Outdated,
+        PodVerdict::Failed(failure) => OnPod::Failed(failure),
+    }
 }
 
 /// What [`follow`] asks for.
@@ -211,6 +278,42 @@ pub fn pod_rejected(
     (patch, report)
 }
 
+/// The Event of a runner that deletes itself so its set replaces it: its pod failed `failures` times.
+pub fn retries_exhausted(failures: usize) -> Report {
+    Report {
+        reason: "RetriesExhausted",
+        action: "DeleteRunner",
+        note: format!(
+            "the runner pod failed {failures} times; deleting the runner so the set replaces it"
+        ),
+    }
+}
+
+/// The Event of a runner that deletes itself so its set replaces it: its pod stays past its deletion deadline (no
+/// kubelet is stopping it), and a new runner can start elsewhere.
+pub fn stuck_terminating() -> Report {
+    Report {
+        reason: "RunnerPodStuckTerminating",
+        action: "DeleteRunner",
+        note: "the runner pod is still terminating long after its grace period (is its node lost?); deleting the \
+               runner so the set replaces it"
+            .to_owned(),
+    }
+}
+
+/// The Event of a runner that deletes itself so its set replaces it: the service no longer knows registration
+/// `runner_id` while its pod runs (a zombie; docs/reference/beyond-arc.md, item 7).
+pub fn zombie(runner_id: i64) -> Report {
+    Report {
+        reason: "ZombieRunner",
+        action: "DeleteRunner",
+        note: format!(
+            "the Actions Service no longer knows runner {runner_id} while its pod runs; deleting the runner so the \
+             set replaces it"
+        ),
+    }
+}
+
 /// What a registration that met the runner's name already registered (a crash between registering and storing
 /// the config, or another runner's name) leads to ([`name_clash`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -377,6 +480,87 @@ mod tests {
     }
 
     const MINUTE: Duration = Duration::from_secs(60);
+
+    fn pod(uid: &str, status: serde_json::Value) -> CachedPod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "r", "uid": uid },
+            "spec": { "nodeName": "node" },
+            "status": status,
+        }))
+        .expect("pod")
+    }
+
+    fn runner_container(state: serde_json::Value, ready: bool) -> serde_json::Value {
+        serde_json::json!([{
+            "name": crds::constants::RUNNER_CONTAINER_NAME, "image": "i", "imageID": "", "ready": ready,
+            "restartCount": 0, "state": state,
+        }])
+    }
+
+    #[test]
+    fn a_followed_pod_is_mirrored_finished_or_failed_and_a_recorded_failure_only_deleted() {
+        let status = EphemeralRunnerStatus::default();
+        let creating = pod(
+            "p",
+            serde_json::json!({"phase": "Pending", "containerStatuses": runner_container(
+                serde_json::json!({"waiting": {"reason": "ContainerCreating"}}), false)}),
+        );
+        assert!(matches!(
+            on_pod(&status, &creating),
+            OnPod::Follow {
+                starting_normally: true,
+                ..
+            }
+        ));
+        // No status of the runner container yet: nothing to show.
+        assert_eq!(
+            on_pod(&status, &pod("p", serde_json::json!({"phase": "Pending"}))),
+            OnPod::Wait
+        );
+        let running = pod(
+            "p",
+            serde_json::json!({"phase": "Running", "containerStatuses": runner_container(
+                serde_json::json!({"running": {}}), true),
+                "conditions": [{"type": "Ready", "status": "True"}]}),
+        );
+        assert!(
+            matches!(on_pod(&status, &running), OnPod::Follow { ref phase, ready: true, .. } if phase == "Running")
+        );
+        let pulling = pod(
+            "p",
+            serde_json::json!({"phase": "Pending", "containerStatuses": runner_container(
+                serde_json::json!({"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}), false)}),
+        );
+        assert!(
+            matches!(
+                on_pod(&status, &pulling),
+                OnPod::Follow {
+                    starting_normally: false,
+                    ..
+                }
+            ),
+            "{:?}",
+            on_pod(&status, &pulling)
+        );
+        let exited = |code: i32| {
+            pod(
+                "p",
+                serde_json::json!({"phase": "Failed", "containerStatuses": runner_container(
+                    serde_json::json!({"terminated": {"exitCode": code}}), false)}),
+            )
+        };
+        assert_eq!(on_pod(&status, &exited(0)), OnPod::Succeeded);
+        assert!(matches!(on_pod(&status, &exited(1)), OnPod::Failed(_)));
+        let recorded = EphemeralRunnerStatus {
+            failures: [("p".to_owned(), Time(Timestamp::from_second(1).unwrap()))].into(),
+            ..EphemeralRunnerStatus::default()
+        };
+        assert_eq!(on_pod(&recorded, &exited(1)), OnPod::AlreadyFailed);
+        assert!(matches!(
+            on_pod(&recorded, &pod("q", serde_json::json!({"phase": "Failed"}))),
+            OnPod::Failed(_)
+        ));
+    }
 
     fn restarted(plan: PodFailed) -> Restart {
         match plan {

@@ -12,7 +12,9 @@ use actions_client::{RerunOutcome, WorkflowJob};
 use crds::EphemeralRunnerStatus;
 use crds::constants::{RERUN_INTERRUPTED_JOBS_ANNOTATION, RUNNER_CONTAINER_NAME};
 
+use super::pod_steps::Report;
 use super::policy::disruption_class;
+use super::status_patch::StatusPatch;
 use crate::pods::CachedPod;
 
 /// How the cluster ended a busy runner's pod.
@@ -133,6 +135,72 @@ pub fn repository_of(status: &EphemeralRunnerStatus) -> Option<&str> {
     let name = status.job_repository_name.as_str();
     let (owner, repository) = name.split_once('/')?;
     (!owner.is_empty() && !repository.is_empty() && !repository.contains('/')).then_some(name)
+}
+
+/// The status write and the Warning Event (`event_reason`) of a runner that lost its pod while it held the job its
+/// status records: what happened to the pod (`cause`, else `otherwise`: not the cluster's doing), which job, and
+/// whether GitHub is asked to re-run it (`owed`). The status says it too, where `kubectl describe` shows it for as
+/// long as the runner stays (its re-run may hold it a while), and the runner is not ready, as its pod is gone.
+pub fn finished_with_job(
+    status: &EphemeralRunnerStatus,
+    event_reason: &'static str,
+    cause: Option<Interruption>,
+    otherwise: &str,
+    owed: bool,
+) -> (StatusPatch, Report) {
+    let what = cause.map_or_else(
+        || otherwise.to_owned(),
+        |cause| format!("the runner pod {}", cause.what()),
+    );
+    let then = match (owed, cause) {
+        (true, _) => "GitHub is asked to re-run it once its run has finished",
+        (false, Some(_)) => {
+            "the job is left to GitHub (set rerunInterruptedJobs on the scale set to have it re-run)"
+        }
+        (false, None) => "the job is left to GitHub",
+    };
+    let note = format!(
+        "{what} while the runner ran {}; the runner is finished and {then}",
+        describe_job(status)
+    );
+    let mut patch = StatusPatch {
+        ready: Some(false),
+        ..StatusPatch::default()
+    };
+    patch.explain(event_reason.to_owned(), note.clone());
+    let report = Report {
+        reason: event_reason,
+        action: "DeleteRunner",
+        note,
+    };
+    (patch, report)
+}
+
+/// The note of the Events that say GitHub runs runner `runner`'s job (as its status records it) again, after its
+/// pod ended by `cause`.
+pub fn rerun_note(status: &EphemeralRunnerStatus, cause: Interruption, runner: &str) -> String {
+    format!(
+        "GitHub runs {} again: its runner pod {} (runner {runner})",
+        describe_job(status),
+        cause.what()
+    )
+}
+
+/// The runner's job as the listener recorded it, for Events.
+pub fn describe_job(status: &EphemeralRunnerStatus) -> String {
+    let name = if status.job_display_name.is_empty() {
+        status.job_id.as_str()
+    } else {
+        status.job_display_name.as_str()
+    };
+    let mut text = format!("job {name:?}");
+    if status.workflow_run_id != 0 {
+        text.push_str(&format!(" of run {}", status.workflow_run_id));
+    }
+    if !status.job_workflow_ref.is_empty() {
+        text.push_str(&format!(" ({})", status.job_workflow_ref));
+    }
+    text
 }
 
 /// What a re-run pass does next.
@@ -354,6 +422,81 @@ mod tests {
             job_repository_name: "org/repo".to_owned(),
             ..EphemeralRunnerStatus::default()
         }
+    }
+
+    #[test]
+    fn a_runner_finished_with_its_job_says_what_happened_which_job_and_what_follows() {
+        let status = EphemeralRunnerStatus {
+            job_display_name: "build (linux)".to_owned(),
+            job_workflow_ref: "org/repo/.github/workflows/ci.yml@refs/heads/main".to_owned(),
+            ..busy()
+        };
+        let (patch, report) = finished_with_job(
+            &status,
+            "RunnerPodDeleted",
+            Some(Interruption::OomKilled),
+            "unused",
+            true,
+        );
+        assert_eq!(report.reason, "RunnerPodDeleted");
+        assert_eq!(patch.ready, Some(false));
+        assert_eq!(
+            patch.message,
+            Some(Some(report.note.clone())),
+            "the status says it too"
+        );
+        assert!(
+            report
+                .note
+                .starts_with("the runner pod was OOM-killed while the runner ran job"),
+            "{}",
+            report.note
+        );
+        assert!(
+            report.note.contains(
+                "\"build (linux)\" of run 9 (org/repo/.github/workflows/ci.yml@refs/heads/main)"
+            ),
+            "{}",
+            report.note
+        );
+        assert!(
+            report
+                .note
+                .ends_with("GitHub is asked to re-run it once its run has finished"),
+            "{}",
+            report.note
+        );
+        let (_, not_asked) = finished_with_job(
+            &status,
+            "RunnerPodDeleted",
+            Some(Interruption::Evicted),
+            "",
+            false,
+        );
+        assert!(
+            not_asked.note.contains("set rerunInterruptedJobs"),
+            "{}",
+            not_asked.note
+        );
+        let (_, own) = finished_with_job(
+            &busy(),
+            "RunnerFailedWithJob",
+            None,
+            "the runner pod failed",
+            false,
+        );
+        assert!(
+            own.note
+                .starts_with("the runner pod failed while the runner ran job \"j\" of run 9"),
+            "{}",
+            own.note
+        );
+        assert!(
+            own.note.ends_with("the job is left to GitHub"),
+            "{}",
+            own.note
+        );
+        assert!(rerun_note(&status, Interruption::Evicted, "r").contains("(runner r)"));
     }
 
     #[test]

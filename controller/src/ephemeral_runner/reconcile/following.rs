@@ -11,8 +11,8 @@ impl Step<'_> {
     ) -> Result<Action> {
         let pod_uid = pod.uid().unwrap_or_default();
         let status = self.status();
-        if status.failures.contains_key(&pod_uid) {
-            // Already handled; its deletion event brings the runner back.
+        let next = pod_steps::on_pod(&status, pod);
+        if next == OnPod::AlreadyFailed {
             delete_if_present(&self.pods, &self.name, &self.namespace).await?;
             return Ok(Action::requeue(self.ctx.options.resync_interval));
         }
@@ -27,29 +27,16 @@ impl Step<'_> {
         {
             self.apply_job_metadata(&metadata, &pod_uid).await?;
         }
-        match judge_pod(pod) {
-            // Nothing to show yet: the identity waits for the first state worth a write (see `create_pod`).
-            PodVerdict::Wait if starting_normally(pod) => {
+        match next {
+            OnPod::AlreadyFailed | OnPod::Wait => {
                 Ok(Action::requeue(self.ctx.options.resync_interval))
             }
-            // No node for it: shown as Pending, with the identity.
-            PodVerdict::Wait => {
-                self.follow(&Following {
-                    status: &status,
-                    pod_phase: phase::PENDING,
-                    ready: false,
-                    reason: String::new(),
-                    message: String::new(),
-                    starting_normally: false,
-                    identity,
-                })
-                .await
-            }
-            PodVerdict::Progress {
+            OnPod::Follow {
                 phase,
                 ready,
                 reason,
                 message,
+                starting_normally,
             } => {
                 self.follow(&Following {
                     status: &status,
@@ -57,15 +44,15 @@ impl Step<'_> {
                     ready,
                     reason,
                     message,
-                    starting_normally: starting_normally(pod),
+                    starting_normally,
                     identity,
                 })
                 .await
             }
-            // A pod read from the API server in this pass: its watch event brings the runner to the teardown lane.
-            PodVerdict::Succeeded => Ok(Action::await_change()),
-            PodVerdict::Outdated => self.mark_outdated(identity).await,
-            PodVerdict::Failed(failure) => self.pod_failed(pod, failure, identity).await,
+            // Its watch event brings the runner to the teardown lane.
+            OnPod::Succeeded => Ok(Action::await_change()),
+            OnPod::Outdated => self.mark_outdated(identity).await,
+            OnPod::Failed(failure) => self.pod_failed(pod, failure, identity).await,
         }
     }
 
@@ -190,28 +177,15 @@ impl Step<'_> {
                 self.memory.suspect_zombie(&self.uid);
                 Ok(Some(Action::requeue(wait.min(requeue))))
             }
-            AfterCheck::Zombie => self.replace_zombie(runner_id).await.map(Some),
+            AfterCheck::Zombie => {
+                self.ctx
+                    .metrics
+                    .zombie_runners
+                    .get_or_create(&self.scale_set())
+                    .inc();
+                self.leave(pod_steps::zombie(runner_id)).await.map(Some)
+            }
         }
-    }
-
-    pub(super) async fn replace_zombie(&self, runner_id: i64) -> Result<Action> {
-        self.ctx
-            .metrics
-            .zombie_runners
-            .get_or_create(&self.scale_set())
-            .inc();
-        self.event(
-            EventType::Warning,
-            "ZombieRunner",
-            "DeleteRunner",
-            format!(
-                "the Actions Service no longer knows runner {runner_id} while its pod runs; deleting the runner so the set \
-                 replaces it",
-            ),
-        )
-        .await;
-        self.delete_self().await?;
-        Ok(Action::await_change())
     }
 
     /// The pod failed: [`pod_steps::pod_failed`] decides; a runner with a job is finished, any other gets a new pod
@@ -288,21 +262,6 @@ impl Step<'_> {
         self.settle(&patch, identity).await
     }
 
-    /// Waits for a deleted pod to go: its deletion event brings the runner back; so does its deadline, after which
-    /// the runner gives up its place.
-    pub(super) fn await_pod_gone(&self, pod: Option<&CachedPod>) -> Action {
-        let deadline = pod
-            .and_then(|pod| pod.meta().deletion_timestamp.as_ref())
-            .map(|deadline| deadline.0);
-        let until = deadline
-            .and_then(|deadline| Duration::try_from(deadline.duration_since(Timestamp::now())).ok())
-            .unwrap_or(Duration::ZERO);
-        Action::requeue(
-            (until + STUCK_TERMINATING_SLACK + Duration::from_secs(1))
-                .min(self.ctx.options.resync_interval),
-        )
-    }
-
     /// The runner had a job and lost its pod (`pod` as the pass last saw it): deleting the runner finishes it (its
     /// finalizer deregisters it once the service lets go of the job, which it fails or retries).
     pub(super) async fn finish_interrupted(&self, pod: Option<&CachedPod>) -> Result<Action> {
@@ -317,42 +276,5 @@ impl Step<'_> {
             "the runner pod was deleted or evicted",
         )
         .await
-    }
-
-    /// The pod stays past its deletion deadline (no kubelet is stopping it): the runner gives up its place so the
-    /// set creates one that can start elsewhere.
-    pub(super) async fn give_up_place(&self) -> Result<Action> {
-        self.event(
-            EventType::Warning,
-            "RunnerPodStuckTerminating",
-            "DeleteRunner",
-            "the runner pod is still terminating long after its grace period (is its node lost?); deleting the \
-             runner so the set replaces it"
-                .to_owned(),
-        )
-        .await;
-        self.delete_self().await?;
-        Ok(Action::await_change())
-    }
-
-    /// Too many counted failures: report and delete; the set creates a replacement.
-    pub(super) async fn give_up(&self) -> Result<Action> {
-        self.ctx
-            .metrics
-            .retries_exhausted
-            .get_or_create(&self.scale_set())
-            .inc();
-        self.event(
-            EventType::Warning,
-            "RetriesExhausted",
-            "DeleteRunner",
-            format!(
-                "the runner pod failed {} times; deleting the runner so the set replaces it",
-                self.failures()
-            ),
-        )
-        .await;
-        self.delete_self().await?;
-        Ok(Action::await_change())
     }
 }

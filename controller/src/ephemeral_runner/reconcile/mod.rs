@@ -34,7 +34,7 @@ use std::time::Duration;
 use crds::EphemeralRunner;
 use crds::constants::{
     EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, RUNNER_CONTAINER_NAME,
-    RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, phase, reason,
+    RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, reason,
 };
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
@@ -54,10 +54,8 @@ use super::lifecycle::{
 use super::memory::RunnerMemory;
 use super::observe;
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
-use super::pod_steps::{self, AfterCheck, Following, NameClash, PodFailed, Report};
-use super::policy::{
-    CreateRejection, PodFailure, PodVerdict, classify_create_error, judge_pod, starting_normally,
-};
+use super::pod_steps::{self, AfterCheck, Following, NameClash, OnPod, PodFailed, Report};
+use super::policy::{CreateRejection, PodFailure, classify_create_error};
 use super::status_patch::{RunnerPhase, StatusPatch};
 use crate::actions::{
     Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
@@ -86,7 +84,6 @@ pub const POD_DELETED_REASON: &str = "PodDeleted";
 pub const POD_DELETED_EVENT: &str = "RunnerPodDeleted";
 /// Event reason when creating a runner's pod failed with an error (not a refusal) and its registration went.
 pub const POD_CREATION_FAILED_EVENT: &str = "RunnerPodCreationFailed";
-use super::observe::STUCK_TERMINATING_SLACK;
 /// Retry after the service said a runner name exists and then that it does not (its own eventual consistency).
 const SERVICE_RETRY: Duration = Duration::from_secs(1);
 /// How long a pass waits for the watch to bring a pod this process created before reading from the API server
@@ -199,11 +196,24 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
                 step.delete_children().await?;
                 return Ok(Action::await_change());
             }
-            Next::GiveUp => return step.give_up().await,
+            Next::GiveUp => {
+                ctx.metrics
+                    .retries_exhausted
+                    .get_or_create(&step.scale_set())
+                    .inc();
+                return step
+                    .leave(pod_steps::retries_exhausted(step.failures()))
+                    .await;
+            }
             Next::Wait(wait) => return Ok(Action::requeue(wait)),
             Next::FinishInterrupted => return step.finish_interrupted(pod.as_deref()).await,
-            Next::AwaitPodGone => return Ok(step.await_pod_gone(pod.as_deref())),
-            Next::GiveUpPlace => return step.give_up_place().await,
+            // Its deletion event brings the runner back; so does its deadline, after which the runner gives up
+            // its place.
+            Next::AwaitPodGone => {
+                let wait = observe::until_stuck(pod.as_deref(), Timestamp::now());
+                return Ok(Action::requeue(wait.min(ctx.options.resync_interval)));
+            }
+            Next::GiveUpPlace => return step.leave(pod_steps::stuck_terminating()).await,
             Next::CreatePod => {
                 let Some(identity) = identity else {
                     return Err(step.corrupt("no identity after registering"));
@@ -359,6 +369,13 @@ impl<'a> Step<'a> {
             .actions
             .get(&ClientSource::for_runner(self.runner))
             .await
+    }
+
+    /// The runner deletes itself so its set replaces it, saying why in a Warning Event.
+    async fn leave(&self, report: Report) -> Result<Action> {
+        self.report(report).await;
+        self.delete_self().await?;
+        Ok(Action::await_change())
     }
 
     /// Asks for this runner's deletion (idempotent: the object is gone or going either way).

@@ -129,11 +129,7 @@ impl Step<'_> {
                         }
                     }
                 }
-                NameClash::Taken(report) => {
-                    self.report(report).await;
-                    self.delete_self().await?;
-                    Action::await_change()
-                }
+                NameClash::Taken(report) => self.leave(report).await?,
             },
         ))
     }

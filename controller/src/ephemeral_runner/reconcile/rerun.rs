@@ -26,7 +26,7 @@ impl Step<'_> {
     pub(super) async fn finish_with_job(
         &self,
         pod: Option<&CachedPod>,
-        event_reason: &str,
+        event_reason: &'static str,
         otherwise: &str,
     ) -> Result<Action> {
         let status = self.status();
@@ -41,10 +41,6 @@ impl Step<'_> {
             ?remembered,
             "a runner holding a job lost its pod"
         );
-        let what = cause.map_or_else(
-            || otherwise.to_owned(),
-            |cause| format!("the runner pod {}", cause.what()),
-        );
         let limit = self
             .live_set()
             .and_then(|set| rerun_limit(set.annotations()));
@@ -52,25 +48,10 @@ impl Step<'_> {
         if let Some(cause) = owed {
             self.owe_rerun(cause).await?;
         }
-        let job = describe_job(&status);
-        let then = match (owed, cause) {
-            (Some(_), _) => "GitHub is asked to re-run it once its run has finished",
-            (None, Some(_)) => {
-                "the job is left to GitHub (set rerunInterruptedJobs on the scale set to have it re-run)"
-            }
-            (None, None) => "the job is left to GitHub",
-        };
-        let note = format!("{what} while the runner ran {job}; the runner is finished and {then}");
-        // Said on the runner too, where `kubectl describe` shows it for as long as the runner stays (its re-run
-        // may hold it a while); not ready, as its pod is gone.
-        let mut patch = StatusPatch {
-            ready: Some(false),
-            ..StatusPatch::default()
-        };
-        patch.explain(event_reason.to_owned(), note.clone());
+        let (patch, report) =
+            rerun::finished_with_job(&status, event_reason, cause, otherwise, owed.is_some());
         self.patch_status(&patch).await?;
-        self.event(EventType::Warning, event_reason, "DeleteRunner", note)
-            .await;
+        self.report(report).await;
         self.delete_self().await?;
         Ok(Action::await_change())
     }
@@ -129,7 +110,6 @@ impl Step<'_> {
                 .await?
             }
         };
-        let job = describe_job(&status);
         match step {
             RerunStep::Wait | RerunStep::Request(_) => {
                 return Ok(Action::requeue(policy.job_rerun_retry));
@@ -140,11 +120,7 @@ impl Step<'_> {
                     .job_reruns
                     .get_or_create(&self.reason_labels(cause.label()))
                     .inc();
-                let note = format!(
-                    "GitHub runs {job} again: its runner pod {} (runner {})",
-                    cause.what(),
-                    self.name
-                );
+                let note = rerun::rerun_note(&status, cause, &self.name);
                 if let Some(set) = &set {
                     self.ctx
                         .publish(
@@ -169,8 +145,13 @@ impl Step<'_> {
                 } else {
                     EventType::Normal
                 };
-                self.event(type_, reason, "RerunJob", format!("{job}: {note}"))
-                    .await;
+                self.event(
+                    type_,
+                    reason,
+                    "RerunJob",
+                    format!("{}: {note}", rerun::describe_job(&status)),
+                )
+                .await;
             }
         }
         remove_finalizers(&self.api, self.runner, &[JOB_RERUN_FINALIZER]).await?;
@@ -212,21 +193,4 @@ impl Step<'_> {
             other => other,
         })
     }
-}
-
-/// The runner's job as the listener recorded it, for Events.
-fn describe_job(status: &crds::EphemeralRunnerStatus) -> String {
-    let name = if status.job_display_name.is_empty() {
-        status.job_id.as_str()
-    } else {
-        status.job_display_name.as_str()
-    };
-    let mut text = format!("job {name:?}");
-    if status.workflow_run_id != 0 {
-        text.push_str(&format!(" of run {}", status.workflow_run_id));
-    }
-    if !status.job_workflow_ref.is_empty() {
-        text.push_str(&format!(" ({})", status.job_workflow_ref));
-    }
-    text
 }
