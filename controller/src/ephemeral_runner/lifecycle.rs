@@ -243,11 +243,9 @@ pub struct TeardownFacts {
 /// job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TeardownStart {
-    /// Ask for the runner's deletion (its finalizers hold the object until the end).
-    pub delete_self: bool,
     /// Remove its registrations (and then its Secret).
     pub deregister: bool,
-    /// Delete its terminated pod now.
+    /// Delete its terminated pod now (a runner being deleted: nothing else would).
     pub delete_terminated_pod: bool,
 }
 
@@ -275,9 +273,10 @@ pub fn plan_teardown(facts: &TeardownFacts) -> Teardown {
         return Teardown::Gone { delete_self };
     }
     Teardown::Start(TeardownStart {
-        delete_self,
         deregister: facts.registration_finalizer,
-        delete_terminated_pod: facts.pod_terminated,
+        // A runner whose pod succeeded loses the pod with its own deletion ([`TeardownEnd::Finish`]): were the pod
+        // gone first, a restart between the two would find a live runner without a pod and make it a new one.
+        delete_terminated_pod: facts.pod_terminated && facts.deleting,
     })
 }
 
@@ -287,9 +286,16 @@ pub enum TeardownEnd {
     /// The service says the runner still runs a job: nothing more now; the removal is asked again later, and
     /// the pod keeps running.
     AwaitJob,
-    /// The service let go: delete what is left, then drop the finalizers, last.
+    /// The service let go: delete the hooks' objects, then at once the runner's own pod and Secret, its
+    /// finalizers and, when its pod succeeded, the runner itself. Its deletion and its finalizers' removal go out
+    /// together, one round trip for the last two writes of every finished runner: whichever the API server takes
+    /// first, the runner is gone after both, and nothing is left for the finalizers to record (the registration
+    /// is removed, the Secret and the pod are the runner's own, which the garbage collector deletes with it
+    /// should their deletes fail).
     Finish {
-        /// Delete the pod (it had not terminated, so it was not deleted in the first stage).
+        /// Ask for the runner's deletion (its pod succeeded; nobody asked yet).
+        delete_self: bool,
+        /// Delete the pod (not deleted in the first stage).
         delete_pod: bool,
         /// Delete the pods and Secrets its container hooks made.
         delete_hook_objects: bool,
@@ -302,7 +308,8 @@ pub fn after_deregistration(facts: &TeardownFacts, removal_agreed: bool) -> Tear
         return TeardownEnd::AwaitJob;
     }
     TeardownEnd::Finish {
-        delete_pod: !facts.pod_terminated,
+        delete_self: !facts.deleting,
+        delete_pod: !(facts.pod_terminated && facts.deleting),
         delete_hook_objects: facts.container_hooks,
     }
 }
@@ -726,8 +733,9 @@ mod tests {
 
     proptest! {
         /// Whatever the teardown finds: a pod that may still run is deleted only once the service agreed to the
-        /// deregistration; a runner whose pod succeeded is asked to be deleted; a finalized one gets nothing but
-        /// that request; and the registration finalizer always leads to a deregistration.
+        /// deregistration; a runner whose pod succeeded is asked to be deleted once the service agreed, with its
+        /// pod; a finalized one gets nothing but that request; and the registration finalizer always leads to a
+        /// deregistration.
         #[test]
         fn a_teardown_never_stops_a_pod_before_the_service_agreed(facts in arb_teardown(), agreed in any::<bool>()) {
             match plan_teardown(&facts) {
@@ -738,13 +746,16 @@ mod tests {
                 }
                 Teardown::Start(start) => {
                     prop_assert!(!facts.finalized);
-                    prop_assert_eq!(start.delete_self, !facts.deleting);
                     prop_assert_eq!(start.deregister, facts.registration_finalizer);
                     prop_assert!(!start.delete_terminated_pod || facts.pod_terminated);
+                    // A live runner keeps its pod until it is deleted itself: a pod never goes first.
+                    prop_assert!(!start.delete_terminated_pod || facts.deleting);
                     match after_deregistration(&facts, agreed) {
                         TeardownEnd::AwaitJob => prop_assert!(!agreed),
-                        TeardownEnd::Finish { delete_pod, delete_hook_objects } => {
+                        TeardownEnd::Finish { delete_self, delete_pod, delete_hook_objects } => {
                             prop_assert!(agreed);
+                            // A runner whose pod succeeded is deleted, once the service let go.
+                            prop_assert_eq!(delete_self, !facts.deleting);
                             // Every pod goes: in the first stage when terminated, here otherwise.
                             prop_assert!(delete_pod != start.delete_terminated_pod);
                             prop_assert_eq!(delete_hook_objects, facts.container_hooks);

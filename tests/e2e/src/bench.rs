@@ -829,7 +829,11 @@ impl RunnerWatch {
                     Ok(watcher::Event::Delete(er)) => {
                         let name = er.name_any();
                         state.live.remove(&name);
-                        state.deleted.entry(name).or_insert_with(Instant::now);
+                        let now = Instant::now();
+                        // A runner whose finalizers came off before its deletion arrived is gone at once, never
+                        // seen with a deletion timestamp: requested and gone at the same moment.
+                        state.deletion_requested.entry(name.clone()).or_insert(now);
+                        state.deleted.entry(name).or_insert(now);
                     }
                     Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
                 }

@@ -70,9 +70,15 @@ pub fn write_all_images() -> Archives {
         .parent()
         .unwrap_or_else(|| Path::new("."))
         .join("real-node-images");
+    // The manager and the listener as the image ships them (the Dockerfile's `dist` build), not this test
+    // build's debug binaries.
+    let shipped = |package: &str, bin: &str| {
+        test_harness::shipped_binary(package, bin)
+            .unwrap_or_else(|e| panic!("building {package}/{bin} as the image does: {e}"))
+    };
     let (manager, listener) = (
-        binary("controller", "manager"),
-        binary("listener", "listener"),
+        shipped("controller", "manager"),
+        shipped("listener", "listener"),
     );
     write_images(
         Binaries {

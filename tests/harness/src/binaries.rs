@@ -29,16 +29,43 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
     if let Some(prebuilt) = prebuilt_binary(std::env::var_os(PREBUILT_BIN_DIR_ENV), bin) {
         return prebuilt;
     }
-    // One build per binary per test process; concurrent tests wait for it.
+    build_once(
+        package,
+        bin,
+        build_args(package, bin, cfg!(debug_assertions)),
+    )
+}
+
+/// Builds (if needed) shipped binary `bin` of `package` ([`SHIPPED_BINARIES`]) exactly as the Dockerfile builds it
+/// (the `dist` profile), whatever profile the caller is built in, and returns its path; with
+/// [`PREBUILT_BIN_DIR_ENV`] set, the binary of that name in that directory instead. For tests that run what the
+/// image ships (the real-node tier's project image).
+pub fn shipped_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
+    if let Some(prebuilt) = prebuilt_binary(std::env::var_os(PREBUILT_BIN_DIR_ENV), bin) {
+        return prebuilt;
+    }
+    if !SHIPPED_BINARIES.contains(&(package, bin)) {
+        return Err(Error::BuildBinary {
+            package: package.to_owned(),
+            bin: bin.to_owned(),
+            stderr: "not one of the binaries the image ships".to_owned(),
+        });
+    }
+    // What a benchmark (a release caller) gets.
+    build_once(package, bin, build_args(package, bin, false))
+}
+
+/// Runs `cargo` with `args` (a build with JSON messages) once per process for each distinct `args`, and returns
+/// where it put binary `bin` of `package`; concurrent callers wait for the build.
+fn build_once(package: &str, bin: &str, args: Vec<&'static str>) -> Result<PathBuf, Error> {
     static BUILT: OnceLock<Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
     let built = BUILT.get_or_init(Mutex::default);
     let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
-    let key = format!("{package}/{bin}");
+    let key = format!("{package}/{bin} {}", args.join(" "));
     if let Some((_, path)) = built.iter().find(|(k, _)| *k == key) {
         return Ok(path.clone());
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let args = build_args(package, bin, cfg!(debug_assertions));
     let output = Command::new(&cargo)
         .args(&args)
         .output()

@@ -64,17 +64,22 @@ impl Step<'_> {
     /// both at once.
     pub(super) async fn delete_children(&self) -> Result<()> {
         let terminated = self.terminated_pod();
-        let pod = async {
-            match &terminated {
-                Some(uid) => {
-                    delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid).await
-                }
-                None => delete_if_present(&self.pods, &self.name, &self.namespace).await,
-            }
-        };
         let secret = delete_if_present(&self.secrets, &self.name, &self.namespace);
-        futures::try_join!(pod, secret)?;
+        futures::try_join!(self.delete_pod(terminated.as_deref()), secret)?;
         Ok(())
+    }
+
+    /// Deletes the pod: the one of uid `terminated` only, when the cache shows it terminated (a pod made since
+    /// under the same name is not this one), else whatever pod has the name.
+    async fn delete_pod(&self, terminated: Option<&str>) -> Result<()> {
+        match terminated {
+            Some(uid) => delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid)
+                .await
+                .map(drop),
+            None => delete_if_present(&self.pods, &self.name, &self.namespace)
+                .await
+                .map(drop),
+        }
     }
 
     /// The teardown ([`super::super::lifecycle::plan_teardown`]): the requests that depend on nothing at once (the deletion
@@ -110,13 +115,6 @@ impl Step<'_> {
             }
             Teardown::Start(start) => start,
         };
-        let delete_self = async {
-            if start.delete_self {
-                self.timed(teardown_stage::DELETE_RUNNER, self.delete_self())
-                    .await?;
-            }
-            Ok::<_, Error>(())
-        };
         let deregister = async {
             if start.deregister {
                 self.timed(teardown_stage::DEREGISTER, self.deregister())
@@ -126,18 +124,16 @@ impl Step<'_> {
             }
         };
         let terminated_pod = async {
-            if start.delete_terminated_pod
-                && let Some(uid) = &terminated
-            {
+            if start.delete_terminated_pod && terminated.is_some() {
                 self.timed(
                     teardown_stage::DELETE_CHILDREN,
-                    delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid),
+                    self.delete_pod(terminated.as_deref()),
                 )
                 .await?;
             }
             Ok::<_, Error>(())
         };
-        let ((), removal, ()) = futures::try_join!(delete_self, deregister, terminated_pod)?;
+        let (removal, ()) = futures::try_join!(deregister, terminated_pod)?;
         match after_deregistration(&facts, removal == Removal::Removed) {
             TeardownEnd::AwaitJob => {
                 tracing::info!("the runner is still running a job; deregistration retried later");
@@ -146,6 +142,7 @@ impl Step<'_> {
                 ))
             }
             TeardownEnd::Finish {
+                delete_self,
                 delete_pod,
                 delete_hook_objects,
             } => {
@@ -154,16 +151,22 @@ impl Step<'_> {
                 if delete_hook_objects {
                     self.delete_hook_objects().await?;
                 }
+                // Its deletion is sent first; both it and the finalizers' removal are needed for the runner to
+                // go, whichever the API server takes first ([`TeardownEnd::Finish`]).
+                let runner = async {
+                    if delete_self {
+                        self.timed(teardown_stage::DELETE_RUNNER, self.delete_self())
+                            .await?;
+                    }
+                    Ok::<_, Error>(())
+                };
                 // The pod and the Secret are the runner's own (owner references): their deletes go out beside the
                 // finalizers' removal, one round trip less on a finished runner's way out, and should one fail,
                 // the garbage collector deletes it with the runner.
                 let pod = async {
                     if delete_pod {
-                        self.timed(
-                            teardown_stage::DELETE_CHILDREN,
-                            delete_if_present(&self.pods, &self.name, &self.namespace),
-                        )
-                        .await?;
+                        let delete = self.delete_pod(terminated.as_deref());
+                        self.timed(teardown_stage::DELETE_CHILDREN, delete).await?;
                     }
                     Ok::<_, Error>(())
                 };
@@ -173,8 +176,8 @@ impl Step<'_> {
                     teardown_stage::FINALIZERS,
                     remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS),
                 );
-                futures::try_join!(pod, self.delete_secret(), finalizers)?;
-                // Finalizing follows a deletion request (the cached copy's or this pass's own): it is gone now.
+                futures::try_join!(runner, pod, self.delete_secret(), finalizers)?;
+                // Finalized after a deletion request (the cached copy's or this pass's own): it is gone now.
                 self.memory.finalized(&self.uid);
                 self.ctx
                     .metrics
