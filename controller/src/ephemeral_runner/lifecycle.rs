@@ -228,6 +228,9 @@ pub struct TeardownFacts {
     /// Its cleanup finalizer is gone, or this process saw the API server accept the removal of its finalizers:
     /// the object is gone, and the pass runs on a cached copy from before.
     pub finalized: bool,
+    /// This process saw the API server accept both the removal of its finalizers and its deletion (asked by
+    /// someone, or in that pass): the object is gone, whatever a cached copy shows.
+    pub gone: bool,
     /// Its registration finalizer is still there: a registration may be left to remove.
     pub registration_finalizer: bool,
     /// The cache shows its pod terminated: nothing runs in it any more.
@@ -270,7 +273,12 @@ pub fn plan_teardown(facts: &TeardownFacts) -> Teardown {
         return Teardown::Rerun;
     }
     if facts.finalized {
-        return Teardown::Gone { delete_self };
+        // A cached copy from before a teardown of this process's own needs nothing more: asking again for the
+        // deletion of what is gone would cost a request answered 404 (a pass that its pod's deletion event
+        // brings, say).
+        return Teardown::Gone {
+            delete_self: delete_self && !facts.gone,
+        };
     }
     Teardown::Start(TeardownStart {
         deregister: facts.registration_finalizer,
@@ -708,10 +716,12 @@ mod tests {
             any::<bool>(),
             any::<bool>(),
             any::<bool>(),
+            any::<bool>(),
         )
             .prop_map(
                 |(
                     deleting,
+                    gone,
                     finalized,
                     registration_finalizer,
                     pod_terminated,
@@ -720,6 +730,8 @@ mod tests {
                 )| {
                     TeardownFacts {
                         deleting,
+                        // Gone only after this process finalized it.
+                        gone: gone && finalized,
                         finalized,
                         registration_finalizer,
                         pod_terminated,
@@ -742,7 +754,7 @@ mod tests {
                 Teardown::Rerun => prop_assert!(facts.rerun_owed && facts.deleting),
                 Teardown::Gone { delete_self } => {
                     prop_assert!(facts.finalized);
-                    prop_assert_eq!(delete_self, !facts.deleting);
+                    prop_assert_eq!(delete_self, !facts.deleting && !facts.gone);
                 }
                 Teardown::Start(start) => {
                     prop_assert!(!facts.finalized);

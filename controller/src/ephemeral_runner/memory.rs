@@ -98,8 +98,9 @@ struct Ending {
     /// runner, whose finalizer then need not ask the service again; the main lane one whose config it discards.
     /// Each was removed while the runner held no job (the service's consent).
     deregistered: HashSet<i64>,
-    /// The API server accepted the removal of the runner's finalizers while it was being deleted: the object is
-    /// gone, and a pass on a cached copy that still shows them has nothing to delete or patch.
+    /// The API server accepted the removal of the runner's finalizers while it was being deleted, or together
+    /// with its deletion: the object is gone, and a pass on a cached copy that still shows them has nothing to
+    /// delete or patch.
     finalized: bool,
     /// The teardown lane took the runner's end in hand (it is being deleted, or its pod succeeded): its pod and
     /// Secret go with it, and the main lane, whose cache may show the pod gone before the runner's deletion, must

@@ -89,12 +89,13 @@ impl Step<'_> {
         let pass = Instant::now();
         // The pod as the cache shows it now, read once for the plan and for its deletion.
         let terminated = self.terminated_pod();
+        let gone = self.memory.was_finalized(&self.uid);
         let facts = TeardownFacts {
             deleting: !delete,
             // A pass on a cached copy from before this runner's finalization: deleting its children or patching
             // it again would only cost the API server requests answered with 404.
-            finalized: !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER)
-                || self.memory.was_finalized(&self.uid),
+            finalized: !has_finalizer(self.runner, EPHEMERAL_RUNNER_FINALIZER) || gone,
+            gone,
             registration_finalizer: has_finalizer(
                 self.runner,
                 EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
