@@ -96,6 +96,9 @@ pub mod teardown_stage {
     /// From the manager's watch showing the runner's end (its pod succeeded, or the runner being deleted) to the
     /// start of its teardown pass: the watch event's way to the teardown lane, and the lane's queue.
     pub const WAITED: &str = "waited";
+    /// Of each teardown pass's start, the wait for the runner's turn: a pass of the main lane on the same runner
+    /// still running (one pass at a time per runner, across both lanes).
+    pub const TURN: &str = "turn";
     /// The runner's own `DELETE` (a runner whose pod succeeded deletes itself).
     pub const DELETE_RUNNER: &str = "delete_runner";
     /// Removing its registration from the Actions Service, the JIT Secret read beside it.
@@ -107,8 +110,9 @@ pub mod teardown_stage {
     /// The whole pass, from its start to the finalizers removed.
     pub const PASS: &str = "pass";
     /// Every stage, in order.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 7] = [
         WAITED,
+        TURN,
         DELETE_RUNNER,
         DEREGISTER,
         DELETE_CHILDREN,

@@ -2,8 +2,10 @@
 //!
 //! Each lane's framework runs at most one pass per object, but nothing kept the two lanes apart: a main-lane pass
 //! registering a runner could run beside the teardown of the same runner, which then saw no Secret and no
-//! registration yet and dropped the finalizers while the registration was being made. Every pass of either lane
-//! holds its runner's turn (by uid) from its first read to its last write; the other lane's pass waits for it.
+//! registration yet and dropped the finalizers while the registration was being made. Every main-lane pass, and
+//! every teardown pass of a runner being deleted, holds its runner's turn (by uid) from its first read to its last
+//! write; the other lane's pass waits for it. The teardown of a runner whose pod succeeded takes no turn: no
+//! main-lane pass registers a runner that has a pod (`super::run_teardown`'s wrapper says why).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
