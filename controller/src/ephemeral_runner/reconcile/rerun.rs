@@ -51,9 +51,7 @@ impl Step<'_> {
         let (patch, report) =
             rerun::finished_with_job(&status, event_reason, cause, otherwise, owed.is_some());
         self.patch_status(&patch).await?;
-        self.report(report).await;
-        self.delete_self().await?;
-        Ok(Action::await_change())
+        self.leave(report).await
     }
 
     /// Adds the re-run finalizer and the interruption's annotation in one patch, failing (the pass is retried) if
