@@ -8,14 +8,18 @@ mod cache;
 pub mod facts;
 pub mod lifecycle;
 pub mod memory;
+pub mod objects;
 pub mod observe;
 pub mod passes;
 pub mod pod;
 pub mod pod_steps;
 pub mod policy;
 mod reconcile;
+pub mod registrations;
 pub mod rerun;
 pub mod status_patch;
+mod step;
+mod teardown;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -110,7 +114,7 @@ async fn teardown(runner: Arc<EphemeralRunner>, ctx: Arc<RunnerContext>) -> Resu
         .instrumented(
             TEARDOWN_CONTROLLER,
             runner.as_ref(),
-            reconcile::teardown(Arc::clone(&runner), Arc::clone(&ctx)),
+            teardown::teardown(Arc::clone(&runner), Arc::clone(&ctx)),
         )
         .await
 }

@@ -1,7 +1,7 @@
 //! Jobs the cluster interrupted, run again (docs/runner-lifecycle.md, "Jobs the cluster interrupted run again"),
 //! as pure functions: why a busy runner's job ended with its pod ([`interruption`]), whether a re-run is owed
 //! ([`rerun_owed`]), and what a pass does with what GitHub shows of the job's run ([`next_step`],
-//! [`after_request`]). The executor is `reconcile/rerun.rs`.
+//! [`after_request`]). The executors are `reconcile/rerun.rs` (the debt) and `teardown/rerun.rs` (the request).
 //!
 //! Only the cluster's doing counts: a job that failed on its own leaves its runner to exit, never to lose its pod,
 //! and a runner container that crashed may have been killed by its own job; neither is re-run.

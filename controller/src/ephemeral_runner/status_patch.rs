@@ -1,7 +1,7 @@
 //! The status fields the EphemeralRunner controller writes, as values: typed merge patches of the changed fields
 //! only, under its field manager (the listener writes the job fields of the same status; a merge patch never
 //! touches fields it does not name), or a registration-guarded JSON patch when a write leaves a registration.
-//! Pure: the executor sends them (`reconcile/status.rs`).
+//! Pure: the executor sends them (`step.rs`).
 
 use std::collections::BTreeMap;
 

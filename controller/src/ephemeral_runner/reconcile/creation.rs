@@ -26,11 +26,7 @@ impl Step<'_> {
                     .map(Some);
             }
         };
-        let params = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        match self.pods.create(&params, &pod).await {
+        match self.objects.create_pod(&pod, true).await {
             Ok(_) => Ok(None),
             Err(error) => self.creation_refused(error, None, false).await.map(Some),
         }
@@ -54,11 +50,12 @@ impl Step<'_> {
         if let Some(patch) = &before {
             self.patch_status(patch).await?;
         }
-        match self.pods.create(&PostParams::default(), &pod).await {
+        match self.objects.create_pod(&pod, false).await {
             Ok(created) => {
-                self.memory.created_pod(&self.uid);
+                let uid = &self.objects.uid;
+                self.memory.created_pod(uid);
                 self.memory.pod_runs_under(
-                    &self.uid,
+                    uid,
                     &created.uid().unwrap_or_default(),
                     identity.runner_id,
                     &identity.runner_name,
@@ -68,14 +65,9 @@ impl Step<'_> {
             Err(error) if classify_create_error(&error) == CreateRejection::AlreadyExists => {
                 // A pod of that name exists after all (made from an earlier config, which the Secret just created
                 // replaced): follow it; once it is gone, the new config is discarded as any other.
-                match self.read_pod().await? {
+                match self.objects.read_pod().await? {
                     Some(pod) => self.handle_pod(&pod, Some(identity)).await,
-                    None => Err(Error::CreateObject {
-                        kind: Pod::kind(&()),
-                        namespace: self.namespace.clone(),
-                        name: self.name.clone(),
-                        source: Box::new(error),
-                    }),
+                    None => Err(self.objects.create_failed(Pod::kind(&()), error)),
                 }
             }
             Err(error) => {
@@ -109,23 +101,19 @@ impl Step<'_> {
             CreateRejection::Forbidden(message) => ("forbidden", message),
             CreateRejection::AlreadyExists | CreateRejection::Other => {
                 if let Some(identity) = identity {
+                    let uid = &self.objects.uid;
                     self.memory
-                        .pod_not_created(&self.uid, identity.runner_id, error.to_string());
+                        .pod_not_created(uid, identity.runner_id, error.to_string());
                 }
-                return Err(Error::CreateObject {
-                    kind: Pod::kind(&()),
-                    namespace: self.namespace.clone(),
-                    name: self.name.clone(),
-                    source: Box::new(error),
-                });
+                return Err(self.objects.create_failed(Pod::kind(&()), error));
             }
         };
         if let Some(identity) = identity {
-            self.actions()
+            self.registrations()
                 .await?
-                .remove_runner(identity.runner_id)
+                .remove(identity.runner_id)
                 .await?;
-            delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+            self.objects.delete_secret().await?;
         }
         let recorded_now = identity
             .filter(|_| recorded)
@@ -190,9 +178,9 @@ impl Step<'_> {
     ) -> Result<Action> {
         self.patch_status(patch).await?;
         if let Some(identity) = identity {
-            self.actions()
+            self.registrations()
                 .await?
-                .remove_runner(identity.runner_id)
+                .remove(identity.runner_id)
                 .await?;
         }
         Ok(Action::await_change())

@@ -13,12 +13,12 @@ impl Step<'_> {
         let status = self.status();
         let next = pod_steps::on_pod(&status, pod);
         if next == OnPod::AlreadyFailed {
-            delete_if_present(&self.pods, &self.name, &self.namespace).await?;
+            self.objects.delete_pod(None).await?;
             return Ok(Action::requeue(self.ctx.options.resync_interval));
         }
         if let Some(metadata) = job_metadata(&status)
             && self.memory.job_metadata_due(
-                &self.uid,
+                &self.objects.uid,
                 &pod_uid,
                 metadata.digest(),
                 metadata.is_on(pod),
@@ -56,64 +56,18 @@ impl Step<'_> {
         }
     }
 
-    /// Applies the job's labels and annotations to pod `uid`. The uid in the body makes the apply fail instead of
-    /// creating a pod when that one is already gone (an apply creates what does not exist): a pass working from
-    /// a cache a moment behind must not bring a finished runner's pod back. Repeating it while the cache has not
-    /// caught up changes nothing (same content, same field manager).
+    /// Applies the job's labels and annotations to pod `pod_uid` ([`RunnerObjects::apply_job_metadata`]). A
+    /// namespace that grants no pod patch counts as applied, so this pod is not asked again (docs/security.md).
     pub(super) async fn apply_job_metadata(
         &self,
         metadata: &super::super::pod::JobMetadata,
-        uid: &str,
+        pod_uid: &str,
     ) -> Result<()> {
-        let patch = json!({
-            "apiVersion": Pod::api_version(&()),
-            "kind": Pod::kind(&()),
-            "metadata": {
-                "name": self.name,
-                "uid": uid,
-                "labels": metadata.labels,
-                "annotations": metadata.annotations,
-            },
-        });
-        match self
-            .pods
-            .patch(
-                &self.name,
-                &PatchParams::apply(ER_JOB_METADATA_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
-            Ok(_) => {
-                self.memory
-                    .applied_job_metadata(&self.uid, uid, metadata.digest());
-                Ok(())
-            }
-            // Gone (404), or the name now belongs to another pod (409): its own pass labels that one.
-            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(()),
-            // The scale set's namespace grants no pod patch (ARC's scale-set chart, whose manager Role stops at
-            // create, delete and get): the labels are an extra, never a reason to hold the runner's pass. Counted
-            // as applied, so this pod is not asked again (docs/security.md).
-            Err(error) if is_status(&error, 403) => {
-                tracing::warn!(
-                    namespace = %self.namespace,
-                    pod = %self.name,
-                    %error,
-                    "may not patch runner pods here: the job's labels and annotations stay off this pod \
-                     (the scale-set chart of arc-rs grants it)"
-                );
-                self.memory
-                    .applied_job_metadata(&self.uid, uid, metadata.digest());
-                Ok(())
-            }
-            Err(source) => Err(Error::PatchObject {
-                kind: Pod::kind(&()),
-                what: "job metadata",
-                namespace: self.namespace.clone(),
-                name: self.name.clone(),
-                source: Box::new(source),
-            }),
+        if self.objects.apply_job_metadata(metadata, pod_uid).await? != MetadataApplied::PodGone {
+            self.memory
+                .applied_job_metadata(&self.objects.uid, pod_uid, metadata.digest());
         }
+        Ok(())
     }
 
     /// The runner is starting or running: mirror the pod, and now and then make sure the service still knows
@@ -150,10 +104,11 @@ impl Step<'_> {
     ) -> Result<Option<Action>> {
         let interval = self.ctx.options.runner.registration_check_interval;
         let confirmation = pod_steps::zombie_confirmation(interval);
-        let suspected = self.memory.zombie_suspected_for(&self.uid);
+        let uid = &self.objects.uid;
+        let suspected = self.memory.zombie_suspected_for(uid);
         let due = pod_steps::registration_check_due(
             suspected,
-            || self.memory.registration_check_due(&self.uid, interval),
+            || self.memory.registration_check_due(uid, interval),
             confirmation,
         );
         match due {
@@ -170,11 +125,11 @@ impl Step<'_> {
         };
         match pod_steps::after_registration_check(found.is_some(), suspected, confirmation) {
             AfterCheck::Known => {
-                self.memory.clear_zombie_suspicion(&self.uid);
+                self.memory.clear_zombie_suspicion(uid);
                 Ok(None)
             }
             AfterCheck::Suspect(wait) => {
-                self.memory.suspect_zombie(&self.uid);
+                self.memory.suspect_zombie(uid);
                 Ok(Some(Action::requeue(wait.min(requeue))))
             }
             AfterCheck::Zombie => {
@@ -198,7 +153,7 @@ impl Step<'_> {
     ) -> Result<Action> {
         let disruptions = self
             .memory
-            .last_disruption(&self.uid)
+            .last_disruption(&self.objects.uid)
             .map_or(0, |(count, _)| count);
         let plan = pod_steps::pod_failed(
             &self.status(),
@@ -218,18 +173,18 @@ impl Step<'_> {
             PodFailed::Restart(restart) => *restart,
         };
         if let Some(runner_id) = restart.deregister
-            && self.actions().await?.remove_runner(runner_id).await? == Removal::JobStillRunning
+            && self.registrations().await?.remove(runner_id).await? == Removal::JobStillRunning
         {
             // The service gave it a job the listener has not reported yet: never restart such a runner.
-            self.delete_self().await?;
+            self.objects.delete_self().await?;
             return Ok(Action::await_change());
         }
-        delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+        self.objects.delete_secret().await?;
         let labels = self.reason_labels(failure.class);
         if restart.counted {
             self.ctx.metrics.pod_failures.get_or_create(&labels).inc();
         } else {
-            self.memory.disrupted(&self.uid);
+            self.memory.disrupted(&self.objects.uid);
             self.ctx
                 .metrics
                 .pod_disruptions
@@ -238,7 +193,7 @@ impl Step<'_> {
         }
         self.patch_status(&restart.patch).await?;
         self.report(restart.report).await;
-        delete_if_present(&self.pods, &self.name, &self.namespace).await?;
+        self.objects.delete_pod(None).await?;
         // The pod's deletion event brings the runner back; the backoff is read from the status then.
         Ok(Action::requeue(restart.delay))
     }

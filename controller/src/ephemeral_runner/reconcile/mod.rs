@@ -24,60 +24,35 @@ mod creation;
 mod following;
 mod registration;
 mod rerun;
-mod status;
-mod teardown;
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crds::EphemeralRunner;
-use crds::constants::{
-    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, RUNNER_CONTAINER_NAME,
-    RUNNER_POD_LABEL, SCALE_SET_NAME_LABEL, SCALE_SET_NAMESPACE_LABEL, reason,
-};
+use crds::constants::{RUNNER_CONTAINER_NAME, reason};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
+use kube::{Resource, ResourceExt};
 
 use super::RunnerContext;
-use super::facts::{in_teardown, known_identity};
-use super::lifecycle::{
-    Facts, Next, RunnerFact, SecretFact, Teardown, TeardownEnd, TeardownFacts,
-    after_deregistration, decide, deregistration, plan_teardown,
-};
-use super::memory::RunnerMemory;
+use super::facts::known_identity;
+use super::lifecycle::{Facts, Next, RunnerFact, SecretFact, decide};
+use super::objects::MetadataApplied;
 use super::observe;
 use super::pod::{JitIdentity, desired_pod, jit_secret, job_metadata, read_jit_identity};
-use super::pod_steps::{self, AfterCheck, Following, NameClash, OnPod, PodFailed, Report};
+use super::pod_steps::{self, AfterCheck, Following, NameClash, OnPod, PodFailed};
 use super::policy::{CreateRejection, PodFailure, classify_create_error};
+use super::registrations::Registrations;
 use super::status_patch::{RunnerPhase, StatusPatch};
-use crate::actions::{
-    Actions, ClientSource, Removal, credentials_gone, is_runner_exists, read_secret,
-};
-use crate::completions::owner_set_key;
-use crate::context::Context;
-use crate::error::{Error, Result, is_status};
-use crate::kubeutil::{
-    add_finalizers, controller_ref, delete_if_present, delete_terminated_pod, has_finalizer,
-    name_and_namespace, remove_finalizers,
-};
-use crate::metrics::{RunnerLabels, RunnerReasonLabels};
-use crate::options::{ER_FIELD_MANAGER, ER_JOB_METADATA_FIELD_MANAGER};
+use super::step::{RUNNER_FINALIZERS, Step};
+use crate::actions::{Removal, is_runner_exists};
+use crate::error::Result;
+use crate::kubeutil::controller_ref;
 use crate::pods::CachedPod;
 use registration::Registration;
-pub use teardown::teardown;
 
-/// The runner's two finalizers: its children's cleanup and its deregistration.
-const RUNNER_FINALIZERS: [&str; 2] = [
-    EPHEMERAL_RUNNER_FINALIZER,
-    EPHEMERAL_RUNNER_REGISTRATION_FINALIZER,
-];
 /// Status reason while an idle runner waits for its deleted pod to go.
 pub const POD_DELETED_REASON: &str = "PodDeleted";
 /// Event reason when a runner's pod was deleted or evicted by someone else.
@@ -107,14 +82,16 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
         return Ok(Action::await_change());
     }
     let mut pod = step.cached_pod();
-    if let Some(wait) = memory.awaiting_pod(&step.uid, pod.is_some(), POD_CREATED_EXPECTATION) {
+    if let Some(wait) =
+        memory.awaiting_pod(&step.objects.uid, pod.is_some(), POD_CREATED_EXPECTATION)
+    {
         // The pod this process just created is on its way to the cache; its event brings the runner back.
         return Ok(Action::requeue(wait));
     }
     let mut facts = step.initial_facts(pod.as_deref());
     let mut identity = known_identity(memory, &runner, pod.as_deref());
     if facts.registered {
-        memory.forget_pod_identity(&step.uid);
+        memory.forget_pod_identity(&step.objects.uid);
     } else {
         // A pod this process created, whose identity the status does not show yet: it was not written before
         // the pod (see `Step::create_pod`).
@@ -131,7 +108,7 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
         tracing::trace!(?next, "runner step");
         match next {
             Next::ReadSecret => {
-                let (fact, read) = step.read_jit_secret().await?;
+                let (fact, read) = step.objects.read_jit_secret().await?;
                 facts.secret = fact;
                 secret_registration = read.as_ref().map_or(0, |read| read.runner_id);
                 if identity.is_none() {
@@ -139,16 +116,18 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
                 }
             }
             Next::ReadPod => {
-                pod = step.read_pod().await?.map(Arc::new);
+                pod = step.objects.read_pod().await?.map(Arc::new);
                 facts.pod = observe::pod_fact(pod.as_deref(), Timestamp::now());
             }
             Next::ReadRunner => {
-                let (fact, current) = step.read_self().await?;
+                let (fact, current) = step.objects.read_self().await?;
                 facts.fresh_runner = fact;
                 fresh = current;
             }
             Next::AddFinalizers => {
-                step.ensure_finalizers().await?;
+                step.objects
+                    .add_finalizers(&runner, &RUNNER_FINALIZERS)
+                    .await?;
                 facts.finalizers_missing = false;
             }
             Next::DiscardConfig => match step
@@ -235,71 +214,16 @@ pub async fn reconcile(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -
     Ok(Action::requeue(ctx.options.resync_interval))
 }
 
-/// One reconcile's view of a runner.
-struct Step<'a> {
-    runner: &'a EphemeralRunner,
-    ctx: &'a Context,
-    /// The runner controller's memory of its runners.
-    memory: &'a RunnerMemory,
-    name: String,
-    namespace: String,
-    uid: String,
-    api: Api<EphemeralRunner>,
-    pods: Api<Pod>,
-    secrets: Api<Secret>,
-    /// The lane's client, for every request of the pass: the teardown's must never queue behind the burst's
-    /// creations in the main client's in-flight limit (a JIT Secret read there made the deregistration stage's
-    /// p50 0.55 s in a 500-job burst).
-    client: kube::Client,
-    /// The resource version this pass's last status write left (the copy in hand predates it).
-    written_at: std::sync::Mutex<Option<String>>,
-}
-
-impl<'a> Step<'a> {
-    /// A pass over `runner` whose writes go through `client` (the main lane's or the teardown lane's).
-    fn new(
-        runner: &'a EphemeralRunner,
-        ctx: &'a Context,
-        memory: &'a RunnerMemory,
-        client: kube::Client,
-    ) -> Result<Self> {
-        let (name, namespace) = name_and_namespace(runner)?;
-        Ok(Self {
-            runner,
-            ctx,
-            memory,
-            uid: runner.uid().unwrap_or_default(),
-            api: Api::namespaced(client.clone(), &namespace),
-            pods: Api::namespaced(client.clone(), &namespace),
-            secrets: Api::namespaced(client.clone(), &namespace),
-            client,
-            name,
-            namespace,
-            written_at: std::sync::Mutex::default(),
-        })
-    }
-
+impl Step<'_> {
     /// What the cached runner and pod say, before anything is read from the API server ([`observe::facts`]).
     fn initial_facts(&self, pod: Option<&CachedPod>) -> Facts {
         observe::facts(
             self.runner,
             pod,
-            &self.memory.snapshot(&self.uid),
+            &self.memory.snapshot(&self.objects.uid),
             &self.ctx.options.runner,
             || observe::template_outdated(self.runner, &self.ctx.stores),
         )
-    }
-
-    fn status(&self) -> crds::EphemeralRunnerStatus {
-        self.runner.status.clone().unwrap_or_default()
-    }
-
-    /// The runner's pod as the watch cache shows it now.
-    fn cached_pod(&self) -> Option<Arc<CachedPod>> {
-        self.ctx
-            .stores
-            .pods
-            .get(&ObjectRef::new(&self.name).within(&self.namespace))
     }
 
     /// Whether the runner's end came while this pass ran ([`observe::ended_meanwhile`]).
@@ -312,134 +236,5 @@ impl<'a> Step<'a> {
             .status
             .as_ref()
             .map_or(0, |status| status.failures.len())
-    }
-
-    fn corrupt(&self, reason: &str) -> Error {
-        Error::CorruptJitSecret {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            reason: reason.to_owned(),
-        }
-    }
-
-    /// The scale set this runner belongs to, for metric labels.
-    fn scale_set(&self) -> RunnerLabels {
-        let labels = self.runner.labels();
-        RunnerLabels {
-            name: labels
-                .get(SCALE_SET_NAME_LABEL)
-                .cloned()
-                .unwrap_or_default(),
-            namespace: labels
-                .get(SCALE_SET_NAMESPACE_LABEL)
-                .cloned()
-                .unwrap_or_else(|| self.namespace.clone()),
-        }
-    }
-
-    fn reason_labels(&self, reason: &'static str) -> RunnerReasonLabels {
-        let RunnerLabels { name, namespace } = self.scale_set();
-        RunnerReasonLabels {
-            name,
-            namespace,
-            reason,
-        }
-    }
-
-    /// Publishes a Warning Event a decision asked for.
-    async fn report(&self, report: Report) {
-        self.event(
-            EventType::Warning,
-            report.reason,
-            report.action,
-            report.note,
-        )
-        .await;
-    }
-
-    async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
-        let regarding = self.runner.object_ref(&());
-        self.ctx
-            .publish(&regarding, type_, reason, action, note)
-            .await;
-    }
-
-    async fn actions(&self) -> Result<Actions> {
-        self.ctx
-            .actions
-            .get(&ClientSource::for_runner(self.runner))
-            .await
-    }
-
-    /// The runner deletes itself so its set replaces it, saying why in a Warning Event.
-    async fn leave(&self, report: Report) -> Result<Action> {
-        self.report(report).await;
-        self.delete_self().await?;
-        Ok(Action::await_change())
-    }
-
-    /// Asks for this runner's deletion (idempotent: the object is gone or going either way).
-    async fn delete_self(&self) -> Result<()> {
-        delete_if_present(&self.api, &self.name, &self.namespace).await?;
-        Ok(())
-    }
-
-    /// Adds whichever of the two finalizers is missing (both in one patch, unlike ARC).
-    async fn ensure_finalizers(&self) -> Result<()> {
-        add_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS).await?;
-        Ok(())
-    }
-
-    /// The JIT Secret, from the API server, and the identity it records.
-    async fn read_jit_secret(&self) -> Result<(SecretFact, Option<JitIdentity>)> {
-        Ok(
-            match read_secret(&self.client, &self.namespace, &self.name).await? {
-                None => (SecretFact::Absent, None),
-                Some(secret) => match read_jit_identity(&secret) {
-                    Ok(identity) => (SecretFact::Valid, Some(identity)),
-                    Err(reason) => {
-                        tracing::warn!(%reason, "the JIT Secret is corrupt; it is discarded");
-                        (SecretFact::Corrupt, None)
-                    }
-                },
-            },
-        )
-    }
-
-    /// The pod, from the API server.
-    async fn read_pod(&self) -> Result<Option<CachedPod>> {
-        self.pods
-            .get_opt(&self.name)
-            .await
-            .map(|pod| pod.map(CachedPod::from))
-            .map_err(|source| Error::ReadObjects {
-                kind: Pod::kind(&()),
-                namespace: self.namespace.clone(),
-                source: Box::new(source),
-            })
-    }
-
-    /// Whether this very runner (same uid) still exists and is not being deleted, from the API server: the
-    /// fence in front of a registration, which a cache a moment behind must never cause for a runner that is gone.
-    /// A live runner comes back too: its pod template is what the Secret and the pod are made from.
-    async fn read_self(&self) -> Result<(RunnerFact, Option<EphemeralRunner>)> {
-        let current = self
-            .api
-            .get_opt(&self.name)
-            .await
-            .map_err(|source| Error::ReadObjects {
-                kind: EphemeralRunner::kind(&()),
-                namespace: self.namespace.clone(),
-                source: Box::new(source),
-            })?;
-        Ok(match current {
-            Some(runner)
-                if runner.uid().as_deref() == Some(self.uid.as_str())
-                    && runner.meta().deletion_timestamp.is_none() =>
-            {
-                (RunnerFact::Live, Some(runner))
-            }
-            _ => (RunnerFact::Going, None),
-        })
     }
 }

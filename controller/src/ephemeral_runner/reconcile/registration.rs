@@ -29,7 +29,7 @@ impl Step<'_> {
         fresh: &EphemeralRunner,
         secret_absent: bool,
     ) -> Result<Registration> {
-        let actions = self.actions().await?;
+        let actions = self.registrations().await?;
         let work_folder = fresh
             .spec
             .spec
@@ -39,9 +39,10 @@ impl Step<'_> {
             .and_then(|container| container.working_dir.clone())
             .unwrap_or_default();
         let jit = match actions
+            .actions
             .generate_jit_config(
                 self.runner.spec.runner_scale_set_id,
-                &self.name,
+                &self.objects.name,
                 &work_folder,
             )
             .await
@@ -63,24 +64,25 @@ impl Step<'_> {
             &jit,
             &self.ctx.options.exclude_label_propagation_prefixes,
         );
+        let uid = &self.objects.uid;
         // Until the API server answers, what the Secret holds is not known here: a teardown then reads it.
-        self.memory.forget_stored_config(&self.uid);
-        match self.secrets.create(&PostParams::default(), &secret).await {
+        self.memory.forget_stored_config(uid);
+        match self.objects.create_secret(&secret).await {
             Ok(created) => {
                 let registered =
                     read_jit_identity(&created).map_err(|reason| self.corrupt(&reason))?;
-                self.memory.stored_config(&self.uid, registered.runner_id);
+                self.memory.stored_config(uid, registered.runner_id);
                 // The runner may have been deleted while the service registered it (a template change, the set's
                 // cleanup, `kubectl delete`); its teardown then found no Secret and no registration by name, and
                 // may have finalized it. From now on its teardown finds the Secret; before, only this pass can
                 // know: ask the API server again, and take the registration back if the runner is going.
-                if self.read_self().await?.0 == RunnerFact::Going {
+                if self.objects.read_self().await?.0 == RunnerFact::Going {
                     tracing::info!(
                         runner_id = registered.runner_id,
                         "the runner went while it registered; its registration is removed"
                     );
-                    actions.remove_runner(registered.runner_id).await?;
-                    delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
+                    actions.remove(registered.runner_id).await?;
+                    self.objects.delete_secret().await?;
                     return Ok(Registration::Wait(Action::await_change()));
                 }
                 Ok(Registration::Registered(registered))
@@ -88,7 +90,7 @@ impl Step<'_> {
             Err(source) => {
                 // The config just issued is stored nowhere: remove it rather than leave a registration behind.
                 if let Some(runner) = &jit.runner
-                    && let Err(error) = actions.remove_runner(runner.id).await
+                    && let Err(error) = actions.remove(runner.id).await
                 {
                     tracing::warn!(%error, "removing an unstored registration failed");
                 }
@@ -97,32 +99,31 @@ impl Step<'_> {
                 {
                     return Ok(Registration::ReadSecretFirst);
                 }
-                Err(Error::CreateObject {
-                    kind: Secret::kind(&()),
-                    namespace: self.namespace.clone(),
-                    name: self.name.clone(),
-                    source: Box::new(source),
-                })
+                Err(self.objects.create_failed(Secret::kind(&()), source))
             }
         }
     }
 
     /// The service already has a runner with this name (a crash between registering and storing the config).
-    pub(super) async fn resolve_name_clash(&self, actions: &Actions) -> Result<Registration> {
+    pub(super) async fn resolve_name_clash(
+        &self,
+        actions: &Registrations<'_>,
+    ) -> Result<Registration> {
+        let name = &self.objects.name;
         let existing = actions
-            .get_runner_by_name(&self.name)
+            .actions
+            .get_runner_by_name(name)
             .await?
             .map(|existing| (existing.id, existing.runner_scale_set_id));
         Ok(Registration::Wait(
-            match pod_steps::name_clash(&self.name, self.runner.spec.runner_scale_set_id, existing)
-            {
+            match pod_steps::name_clash(name, self.runner.spec.runner_scale_set_id, existing) {
                 NameClash::Retry => Action::requeue(SERVICE_RETRY),
                 NameClash::RemoveEarlier(runner_id) => {
                     tracing::info!(
                         runner_id,
                         "removing a registration left by an earlier attempt"
                     );
-                    match actions.remove_runner(runner_id).await? {
+                    match actions.remove(runner_id).await? {
                         Removal::Removed => Action::requeue(Duration::ZERO),
                         Removal::JobStillRunning => {
                             Action::requeue(self.ctx.options.runner.job_still_running_requeue)
@@ -134,37 +135,13 @@ impl Step<'_> {
         ))
     }
 
-    /// The registration to remove: `identity`, else a lookup by name (a crash between registering and recording).
-    pub(super) async fn registration_id(
-        &self,
-        actions: &Actions,
-        identity: Option<&JitIdentity>,
-    ) -> Result<i64> {
-        if let Some(identity) = identity {
-            return Ok(identity.runner_id);
-        }
-        Ok(actions
-            .get_runner_by_name(&self.name)
-            .await?
-            .filter(|found| found.runner_scale_set_id == self.runner.spec.runner_scale_set_id)
-            .map_or(0, |found| found.id))
-    }
-
     /// Removes the runner's registration now (`identity`, else found by name) unless the service says the runner
     /// holds a job; returns what happened and the registration's id.
     pub(super) async fn deregister_idle(
         &self,
         identity: Option<&JitIdentity>,
     ) -> Result<(Removal, i64)> {
-        let actions = self.actions().await?;
-        let runner_id = self.registration_id(&actions, identity).await?;
-        if runner_id != 0 {
-            if actions.remove_runner(runner_id).await? == Removal::JobStillRunning {
-                return Ok((Removal::JobStillRunning, runner_id));
-            }
-            self.memory.deregistered(&self.uid, runner_id);
-        }
-        Ok((Removal::Removed, runner_id))
+        self.registrations().await?.remove_idle(identity).await
     }
 
     /// An idle runner's pod was taken away and its registration removed: a Normal Event and the disruption metric
@@ -203,17 +180,18 @@ impl Step<'_> {
         if secret_registration != 0
             && secret_registration != runner_id
             && self
-                .actions()
+                .registrations()
                 .await?
-                .remove_runner(secret_registration)
+                .remove(secret_registration)
                 .await?
                 == Removal::JobStillRunning
         {
             return Ok(Removal::JobStillRunning);
         }
-        delete_if_present(&self.secrets, &self.name, &self.namespace).await?;
-        self.memory.forget_pod_identity(&self.uid);
-        if let Some(error) = self.memory.report_not_created(&self.uid, runner_id) {
+        self.objects.delete_secret().await?;
+        let uid = &self.objects.uid;
+        self.memory.forget_pod_identity(uid);
+        if let Some(error) = self.memory.report_not_created(uid, runner_id) {
             self.count_rejection("error");
             self.event(
                 EventType::Warning,

@@ -1,16 +1,34 @@
 //! The teardown lane's pass: a runner being deleted, or whose pod succeeded, is deregistered, its pod and Secret
-//! deleted and its finalizers dropped ([`super::super::lifecycle::plan_teardown`] decides the steps).
+//! deleted and its finalizers dropped ([`super::lifecycle::plan_teardown`] decides the steps).
 
+mod rerun;
+
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::super::facts::may_have_left_with_job;
-use super::*;
-use crate::metrics::teardown_stage;
-use crds::constants::JOB_RERUN_FINALIZER;
+use crds::EphemeralRunner;
+use crds::constants::{
+    EPHEMERAL_RUNNER_FINALIZER, EPHEMERAL_RUNNER_REGISTRATION_FINALIZER, JOB_RERUN_FINALIZER,
+};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
 
-/// The teardown lane's pass ([`super::super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
+use super::RunnerContext;
+use super::facts::{in_teardown, known_identity, may_have_left_with_job};
+use super::lifecycle::{
+    Teardown, TeardownEnd, TeardownFacts, after_deregistration, deregistration, plan_teardown,
+};
+use super::step::{RUNNER_FINALIZERS, Step};
+use crate::actions::{Removal, credentials_gone};
+use crate::completions::owner_set_key;
+use crate::error::{Error, Result};
+use crate::kubeutil::has_finalizer;
+use crate::metrics::teardown_stage;
+
+/// The teardown lane's pass ([`super::run_teardown`]): a runner whose pod succeeded deletes itself, and a runner
 /// being deleted is deregistered, its pod and Secret deleted and its finalizers dropped, in this one pass. Other
-/// runners are the main lane's ([`reconcile`]).
+/// runners are the main lane's (`super::reconcile`).
 #[tracing::instrument(skip(runner, lane), fields(runner = %runner.name_any(), namespace = runner.namespace().unwrap_or_default()))]
 pub async fn teardown(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) -> Result<Action> {
     let (ctx, memory) = (lane.base.as_ref(), lane.memory.as_ref());
@@ -19,8 +37,8 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) ->
     if !in_teardown(&runner, pod.as_deref()) {
         return Ok(Action::await_change());
     }
-    memory.tearing_down(&step.uid);
-    if let Some(waited) = memory.teardown_started(&step.uid) {
+    memory.tearing_down(&step.objects.uid);
+    if let Some(waited) = memory.teardown_started(&step.objects.uid) {
         ctx.metrics.teardown(teardown_stage::WAITED, waited);
     }
     // A runner whose pod succeeded is deleted and finalized in this pass, rather than on the deletion's watch
@@ -31,8 +49,8 @@ pub async fn teardown(runner: Arc<EphemeralRunner>, lane: Arc<RunnerContext>) ->
         // listener's record of the job never reached the runner (a job shorter than that write).
         let registration = known_identity(memory, &runner, pod.as_deref())
             .map_or(0, |identity| identity.runner_id);
-        if may_have_left_with_job(memory, &step.uid, registration) {
-            ctx.completions.left(&set, &step.name, registration);
+        if may_have_left_with_job(memory, &step.objects.uid, registration) {
+            ctx.completions.left(&set, &step.objects.name, registration);
         }
     }
     step.finalize(delete).await
@@ -52,44 +70,14 @@ impl Step<'_> {
         Ok(outcome)
     }
 
-    /// The uid of the runner's pod when the cache shows it terminated (`Succeeded` or `Failed`): nothing runs in
-    /// it any more.
-    pub(super) fn terminated_pod(&self) -> Option<String> {
-        self.cached_pod()
-            .filter(|pod| matches!(super::super::policy::pod_phase(pod), "Succeeded" | "Failed"))
-            .and_then(|pod| pod.uid())
-    }
-
-    /// Deletes the pod and the JIT Secret (done runners keep only the EphemeralRunner, for the set to count),
-    /// both at once.
-    pub(super) async fn delete_children(&self) -> Result<()> {
-        let terminated = self.terminated_pod();
-        let secret = delete_if_present(&self.secrets, &self.name, &self.namespace);
-        futures::try_join!(self.delete_pod(terminated.as_deref()), secret)?;
-        Ok(())
-    }
-
-    /// Deletes the pod: the one of uid `terminated` only, when the cache shows it terminated (a pod made since
-    /// under the same name is not this one), else whatever pod has the name.
-    async fn delete_pod(&self, terminated: Option<&str>) -> Result<()> {
-        match terminated {
-            Some(uid) => delete_terminated_pod(&self.pods, &self.name, &self.namespace, uid)
-                .await
-                .map(drop),
-            None => delete_if_present(&self.pods, &self.name, &self.namespace)
-                .await
-                .map(drop),
-        }
-    }
-
-    /// The teardown ([`super::super::lifecycle::plan_teardown`]): the requests that depend on nothing at once (the deletion
+    /// The teardown ([`super::lifecycle::plan_teardown`]): the requests that depend on nothing at once (the deletion
     /// request, the deregistration and then the Secret's deletion, a terminated pod's deletion), then what
     /// waited for the service's answer, then both finalizers, last, once everything they stand for is done.
     pub(super) async fn finalize(&self, delete: bool) -> Result<Action> {
         let pass = Instant::now();
         // The pod as the cache shows it now, read once for the plan and for its deletion.
         let terminated = self.terminated_pod();
-        let gone = self.memory.was_finalized(&self.uid);
+        let gone = self.memory.was_finalized(&self.objects.uid);
         let facts = TeardownFacts {
             deleting: !delete,
             // A pass on a cached copy from before this runner's finalization: deleting its children or patching
@@ -110,7 +98,7 @@ impl Step<'_> {
             Teardown::Rerun => return self.settle_rerun().await,
             Teardown::Gone { delete_self } => {
                 if delete_self {
-                    self.delete_self().await?;
+                    self.objects.delete_self().await?;
                 }
                 return Ok(Action::await_change());
             }
@@ -128,7 +116,7 @@ impl Step<'_> {
             if start.delete_terminated_pod && terminated.is_some() {
                 self.timed(
                     teardown_stage::DELETE_CHILDREN,
-                    self.delete_pod(terminated.as_deref()),
+                    self.objects.delete_pod(terminated.as_deref()),
                 )
                 .await?;
             }
@@ -150,13 +138,13 @@ impl Step<'_> {
                 // Objects the runner does not own (its container hooks' pods and Secrets) go before the
                 // finalizers, as nothing else would delete them later.
                 if delete_hook_objects {
-                    self.delete_hook_objects().await?;
+                    self.objects.delete_hook_objects().await?;
                 }
                 // Its deletion is sent first; both it and the finalizers' removal are needed for the runner to
                 // go, whichever the API server takes first ([`TeardownEnd::Finish`]).
                 let runner = async {
                     if delete_self {
-                        self.timed(teardown_stage::DELETE_RUNNER, self.delete_self())
+                        self.timed(teardown_stage::DELETE_RUNNER, self.objects.delete_self())
                             .await?;
                     }
                     Ok::<_, Error>(())
@@ -166,7 +154,7 @@ impl Step<'_> {
                 // the garbage collector deletes it with the runner.
                 let pod = async {
                     if delete_pod {
-                        let delete = self.delete_pod(terminated.as_deref());
+                        let delete = self.objects.delete_pod(terminated.as_deref());
                         self.timed(teardown_stage::DELETE_CHILDREN, delete).await?;
                     }
                     Ok::<_, Error>(())
@@ -175,11 +163,16 @@ impl Step<'_> {
                 // finalize it once more, and then need not ask the service again.
                 let finalizers = self.timed(
                     teardown_stage::FINALIZERS,
-                    remove_finalizers(&self.api, self.runner, &RUNNER_FINALIZERS),
+                    self.objects
+                        .remove_finalizers(self.runner, &RUNNER_FINALIZERS),
                 );
-                futures::try_join!(runner, pod, self.delete_secret(), finalizers)?;
+                let secret = self.timed(
+                    teardown_stage::DELETE_CHILDREN,
+                    self.objects.delete_secret(),
+                );
+                futures::try_join!(runner, pod, secret, finalizers)?;
                 // Finalized after a deletion request (the cached copy's or this pass's own): it is gone now.
-                self.memory.finalized(&self.uid);
+                self.memory.finalized(&self.objects.uid);
                 self.ctx
                     .metrics
                     .teardown(teardown_stage::PASS, pass.elapsed());
@@ -188,36 +181,31 @@ impl Step<'_> {
         }
     }
 
-    /// Removes the runner's registrations ([`super::super::lifecycle::deregistration`]): the status's and the JIT
+    /// Removes the runner's registrations ([`super::lifecycle::deregistration`]): the status's and the JIT
     /// Secret's (read whatever the status says: it is the only record of a registration the status does not
     /// show), else one found by name. The Secret stays until they are gone: its record may be the only one.
     ///
     /// The status's registration is removed while the Secret is read, one round trip less on a finished runner's
     /// way out (docs/metrics.md, the `deregister` stage); a registration only the Secret records goes after.
     pub(super) async fn deregister(&self) -> Result<Removal> {
-        let recorded = self.status().runner_id;
-        if recorded == 0 || self.memory.was_deregistered(&self.uid, recorded) {
+        let (uid, recorded) = (&self.objects.uid, self.status().runner_id);
+        if recorded == 0 || self.memory.was_deregistered(uid, recorded) {
             return self.deregister_in_turn(recorded).await;
         }
-        let Ok(actions) = self.actions().await else {
+        let Ok(registrations) = self.registrations().await else {
             return self.deregister_in_turn(recorded).await;
         };
         let (in_secret, removal) = futures::try_join!(
             self.secret_registration(recorded),
-            self.remove_registration(&actions, recorded)
+            registrations.remove(recorded)
         )?;
         if removal == Removal::JobStillRunning {
             return Ok(removal);
         }
         let plan = deregistration(recorded, in_secret, |id| {
-            self.memory.was_deregistered(&self.uid, id)
+            self.memory.was_deregistered(uid, id)
         });
-        for runner_id in plan.remove {
-            if self.remove_registration(&actions, runner_id).await? == Removal::JobStillRunning {
-                return Ok(Removal::JobStillRunning);
-            }
-        }
-        Ok(Removal::Removed)
+        registrations.remove_all(plan.remove).await
     }
 
     /// [`Step::deregister`] one step after the other: the Secret read, then the registrations removed. For a
@@ -226,13 +214,13 @@ impl Step<'_> {
     async fn deregister_in_turn(&self, recorded: i64) -> Result<Removal> {
         let in_secret = self.secret_registration(recorded).await?;
         let plan = deregistration(recorded, in_secret, |id| {
-            self.memory.was_deregistered(&self.uid, id)
+            self.memory.was_deregistered(&self.objects.uid, id)
         });
         if plan.remove.is_empty() && !plan.look_up_by_name {
             return Ok(Removal::Removed);
         }
-        let actions = match self.actions().await {
-            Ok(actions) => actions,
+        let registrations = match self.registrations().await {
+            Ok(registrations) => registrations,
             // Nothing can deregister without credentials; a runner that never registered needs nothing. Holding
             // the finalizer would only block the deletion of everything above (docs/reference/beyond-arc.md, item 13).
             Err(error)
@@ -251,18 +239,10 @@ impl Step<'_> {
             Err(error) => return Err(error),
         };
         let mut remove = plan.remove;
-        if plan.look_up_by_name
-            && let Some(found) = actions.get_runner_by_name(&self.name).await?
-            && found.runner_scale_set_id == self.runner.spec.runner_scale_set_id
-        {
-            remove.push(found.id);
+        if plan.look_up_by_name {
+            remove.extend(registrations.by_name().await?);
         }
-        for runner_id in remove {
-            if self.remove_registration(&actions, runner_id).await? == Removal::JobStillRunning {
-                return Ok(Removal::JobStillRunning);
-            }
-        }
-        Ok(Removal::Removed)
+        registrations.remove_all(remove).await
     }
 
     /// The registration the JIT Secret records (0: no Secret, or none readable in it): `recorded`, the status's,
@@ -270,69 +250,9 @@ impl Step<'_> {
     /// of a runner is made by this controller; after a restart it reads), else from the API server. One request
     /// fewer on nearly every finished runner's way out.
     async fn secret_registration(&self, recorded: i64) -> Result<i64> {
-        if recorded != 0 && self.memory.stored_config_of(&self.uid) == Some(recorded) {
+        if recorded != 0 && self.memory.stored_config_of(&self.objects.uid) == Some(recorded) {
             return Ok(recorded);
         }
-        Ok(read_secret(&self.client, &self.namespace, &self.name)
-            .await?
-            .and_then(|secret| read_jit_identity(&secret).ok())
-            .map_or(0, |identity| identity.runner_id))
-    }
-
-    /// Removes registration `runner_id`, remembered once the service confirms it.
-    async fn remove_registration(&self, actions: &Actions, runner_id: i64) -> Result<Removal> {
-        let removal = actions.remove_runner(runner_id).await?;
-        if removal == Removal::Removed {
-            self.memory.deregistered(&self.uid, runner_id);
-        }
-        Ok(removal)
-    }
-
-    /// Deletes the JIT Secret (timed as a child's deletion).
-    async fn delete_secret(&self) -> Result<()> {
-        self.timed(
-            teardown_stage::DELETE_CHILDREN,
-            delete_if_present(&self.secrets, &self.name, &self.namespace),
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Pods and Secrets the runner's container hooks created (label `runner-pod=<runner name>`).
-    pub(super) async fn delete_hook_objects(&self) -> Result<()> {
-        let selector = ListParams::default().labels(&format!("{RUNNER_POD_LABEL}={}", self.name));
-        let read_error = |kind: Cow<'static, str>| {
-            let namespace = self.namespace.clone();
-            move |source| Error::ReadObjects {
-                kind,
-                namespace,
-                source: Box::new(source),
-            }
-        };
-        let pods = self
-            .pods
-            .list(&selector)
-            .await
-            .map_err(read_error(Pod::kind(&())))?;
-        for pod in pods
-            .items
-            .iter()
-            .filter(|pod| pod.meta().deletion_timestamp.is_none())
-        {
-            delete_if_present(&self.pods, &pod.name_any(), &self.namespace).await?;
-        }
-        let secrets = self
-            .secrets
-            .list(&selector)
-            .await
-            .map_err(read_error(Secret::kind(&())))?;
-        for secret in secrets
-            .items
-            .iter()
-            .filter(|secret| secret.meta().deletion_timestamp.is_none())
-        {
-            delete_if_present(&self.secrets, &secret.name_any(), &self.namespace).await?;
-        }
-        Ok(())
+        self.objects.secret_registration().await
     }
 }
