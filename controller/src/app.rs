@@ -43,12 +43,22 @@ pub async fn run(args: &Args) -> Result<()> {
     .await?;
     let mut options = args.options();
     options.build_version = env!("CARGO_PKG_VERSION").to_owned();
-    let manager = Manager::new(client.clone(), options).with_teardown_client(teardown_client);
+    // The listener loops of the manager's listener mode get a client of their own too: a scaling patch never waits
+    // behind the creations it asks for.
+    let listener_client = kube_client(
+        args.k8s_client_rate_limiter_qps,
+        args.k8s_client_rate_limiter_burst,
+        0,
+    )
+    .await?;
+    let manager = Manager::new(client.clone(), options)
+        .with_teardown_client(teardown_client)
+        .with_listener_client(listener_client);
 
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));
     let health = health_routes(manager.readiness());
-    let metrics = metrics_routes(manager.registry());
+    let metrics = metrics_routes(manager.exposition());
     let servers: Vec<_> = endpoints(metrics_addr, health_addr)
         .into_iter()
         .map(|endpoint| {

@@ -9,7 +9,7 @@ use kube::Client;
 use kube::client::ClientBuilder;
 
 use crate::error::{Error, Result};
-use crate::options::{ListenerSettings, Options, RunnerPolicy, ScaleDownPolicy};
+use crate::options::{ListenerMode, ListenerSettings, Options, RunnerPolicy, ScaleDownPolicy};
 use crate::ratelimit::RateLimitLayer;
 use crate::server::parse_bind_address;
 use crate::telemetry::LogFormat;
@@ -125,6 +125,11 @@ pub struct Args {
     /// Failed reconciles always back off exponentially per object here.
     #[arg(long, default_value = "", value_parser = ["", "bucket_rate_limiter", "typed_rate_limiter"])]
     pub workqueue_rate_limiter: String,
+
+    /// Where listeners run: `pod` (one listener pod per scale set, ARC's way) or `manager` (the leading manager runs
+    /// every scale set's message loop itself; docs/listener-modes.md).
+    #[arg(long, default_value = "pod", value_parser = ["pod", "manager"])]
+    pub listener_mode: String,
 
     /// Leader election on a Lease in the manager's namespace, so several replicas can run and one reconciles.
     #[arg(long, alias = "leader-elect")]
@@ -291,6 +296,12 @@ impl Args {
             }
             .to_owned(),
             health_addr: crds::constants::LISTENER_HEALTH_ADDR.to_owned(),
+            mode: if self.listener_mode == "manager" {
+                ListenerMode::Manager
+            } else {
+                ListenerMode::Pod
+            },
+            loop_settings: listener::Settings::default(),
         }
     }
 

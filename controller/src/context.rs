@@ -81,6 +81,8 @@ pub struct Context {
     /// Runners that left with a job, per EphemeralRunnerSet, until the listener's target leaves their jobs out
     /// (fed by the runner watch).
     pub completions: Arc<Completions>,
+    /// The listener loops this manager runs, in the manager's listener mode (`None` in the pod mode).
+    pub listener_tasks: Option<Arc<crate::listener_tasks::ListenerTasks>>,
 }
 
 /// How a failed reconcile is requeued.

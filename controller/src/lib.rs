@@ -10,7 +10,7 @@
 //! * Layers: the four controller modules ([`autoscaling_runner_set`], [`autoscaling_listener`],
 //!   [`ephemeral_runner_set`], [`ephemeral_runner`]) use only the shared modules ([`context`], [`error`],
 //!   [`kubeutil`], [`actions`], [`proxy`], [`options`], [`metrics`], [`hash`], [`labels`], [`pods`],
-//!   [`completions`]), and the EphemeralRunnerSet controller reads what it may know of a runner from
+//!   [`completions`], [`listener_tasks`]), and the EphemeralRunnerSet controller reads what it may know of a runner from
 //!   [`ephemeral_runner::facts`] alone, which imports nothing from the set; no controller imports another
 //!   otherwise, and the shared modules use no controller module. What two controllers both need moves down into
 //!   them.
@@ -32,6 +32,7 @@ pub mod hash;
 pub mod kubeutil;
 pub mod labels;
 pub mod leader;
+pub mod listener_tasks;
 pub mod manager;
 pub mod metrics;
 pub mod options;

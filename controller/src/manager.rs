@@ -38,10 +38,12 @@ use crate::ephemeral_runner::RunnerContext;
 use crate::ephemeral_runner::memory::RunnerMemory;
 use crate::ephemeral_runner_set::SetContext;
 use crate::error::{Error, Result};
+use crate::listener_tasks::ListenerTasks;
 use crate::metrics::Metrics;
-use crate::options::Options;
+use crate::options::{ListenerMode, Options};
 use crate::pods::CachedPod;
 use crate::relist::with_relist_deletions;
+use crate::server::Exposition;
 use crate::{autoscaling_listener, autoscaling_runner_set, ephemeral_runner, ephemeral_runner_set};
 
 /// Reporting controller name on Events.
@@ -71,6 +73,11 @@ pub struct Manager {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     readiness: Readiness,
+    /// The listener loops, in the manager's listener mode, and the stream of those that ended.
+    listener_tasks: Option<(
+        Arc<ListenerTasks>,
+        mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>,
+    )>,
 }
 
 impl Manager {
@@ -78,6 +85,10 @@ impl Manager {
     pub fn new(client: Client, options: Options) -> Self {
         let mut registry = Registry::default();
         let metrics = Arc::new(Metrics::register(&mut registry));
+        let listener_tasks = (options.listener.mode == ListenerMode::Manager).then(|| {
+            let (tasks, endings) = ListenerTasks::new(client.clone());
+            (Arc::new(tasks), endings)
+        });
         Self {
             client,
             teardown_client: None,
@@ -85,6 +96,7 @@ impl Manager {
             registry: Arc::new(registry),
             metrics,
             readiness: Readiness::default(),
+            listener_tasks,
         }
     }
 
@@ -96,9 +108,31 @@ impl Manager {
         self
     }
 
+    /// Gives the listener loops of the manager's listener mode a client of their own (the binary's has its own rate
+    /// limit), so that scaling patches never wait for request budget behind the runners being created.
+    #[must_use]
+    pub fn with_listener_client(mut self, client: Client) -> Self {
+        if self.listener_tasks.is_some() {
+            let (tasks, endings) = ListenerTasks::new(client);
+            self.listener_tasks = Some((Arc::new(tasks), endings));
+        }
+        self
+    }
+
     /// The metrics registry, for `/metrics`.
     pub fn registry(&self) -> Arc<Registry> {
         Arc::clone(&self.registry)
+    }
+
+    /// What `/metrics` shows: the registry, and in the manager's listener mode every listener's metrics.
+    pub fn exposition(&self) -> Exposition {
+        Exposition {
+            registry: Arc::clone(&self.registry),
+            listeners: self
+                .listener_tasks
+                .as_ref()
+                .map(|(tasks, _)| Arc::clone(tasks)),
+        }
     }
 
     /// The readiness flag, for `/readyz`.
@@ -142,8 +176,9 @@ impl Manager {
     }
 
     /// Runs every controller until `shutdown` is cancelled, then lets in-flight reconciles finish.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
         self.preflight().await?;
+        let (listener_tasks, listener_endings) = self.listener_tasks.take().unzip();
         // Watches outlive the controllers by a little: they stop once the controllers have drained.
         let stop_watches = CancellationToken::new();
         let _stop_on_exit = stop_watches.clone().drop_guard();
@@ -335,6 +370,7 @@ impl Manager {
             ),
             expectations,
             completions,
+            listener_tasks: listener_tasks.clone(),
             metrics: Arc::clone(&self.metrics),
             client: self.client.clone(),
             options: self.options.clone(),
@@ -343,7 +379,9 @@ impl Manager {
         let stopped = |token: &CancellationToken| token.clone().cancelled_owned();
         let scale_set_controllers = async {
             if let Some(parts) = scale_set_parts {
-                parts.run(Arc::clone(&ctx), &shutdown).await;
+                parts
+                    .run(Arc::clone(&ctx), listener_endings, &shutdown)
+                    .await;
             }
         };
         // Both lanes of the runner controller share its memory and take turns per runner.
@@ -379,6 +417,11 @@ impl Manager {
             ),
         );
         self.readiness.set(false);
+        if let Some(tasks) = &listener_tasks {
+            // After the controllers, so no pass starts a loop again; before the Lease goes, so the next leader's
+            // loops find the sessions closed.
+            tasks.stop_all().await;
+        }
         stop_watches.cancel();
         for watch in watches.into_iter().chain(extra_watches) {
             // A watch task only ends by being told to; a panic inside it is already logged by tokio.
@@ -571,7 +614,12 @@ impl ScaleSetParts {
         listed(&self.pod_store).await
     }
 
-    async fn run(self, ctx: Arc<Context>, shutdown: &CancellationToken) {
+    async fn run(
+        self,
+        ctx: Arc<Context>,
+        listener_endings: Option<mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>>,
+        shutdown: &CancellationToken,
+    ) {
         let runner_set_ctx = Arc::new(RunnerSetContext::new(
             Arc::clone(&ctx),
             self.namespace.clone(),
@@ -607,6 +655,7 @@ impl ScaleSetParts {
                 self.listener_store,
                 self.pods_for_listeners,
                 self.pod_deletions,
+                listener_endings,
                 rbac_namespace,
                 shutdown.clone().cancelled_owned(),
             ),

@@ -5,6 +5,7 @@
 //! `controller_runtime_reconcile_*` series (label `controller`). The runner lifecycle counters are new; every
 //! label has a bounded set of values (scale sets, fixed reason words), never a runner or a run.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -341,9 +342,89 @@ pub fn encode(registry: &Registry) -> String {
     out
 }
 
+/// Several texts of the text exposition format as one: each family's metadata once, followed by its samples from
+/// every text in order, one `# EOF` at the end. The manager's own metrics and each listener's, in the manager's
+/// listener mode, are separate registries whose families share names (one series set per scale set).
+pub fn merge_texts<'a>(texts: impl IntoIterator<Item = &'a str>) -> String {
+    let mut order: Vec<&str> = Vec::new();
+    let mut families: HashMap<&str, (Vec<&str>, Vec<&str>)> = HashMap::new();
+    for text in texts {
+        // The family the next samples belong to, and whether this text introduced it (its metadata is kept).
+        let mut current: Option<(&str, bool)> = None;
+        for line in text
+            .lines()
+            .filter(|line| !line.is_empty() && *line != "# EOF")
+        {
+            if let Some(rest) = line.strip_prefix("# ") {
+                let name = rest.split(' ').nth(1).unwrap_or_default();
+                if current.map(|(family, _)| family) != Some(name) {
+                    let fresh = !families.contains_key(name);
+                    if fresh {
+                        order.push(name);
+                        families.insert(name, (Vec::new(), Vec::new()));
+                    }
+                    current = Some((name, fresh));
+                }
+                if let Some((name, true)) = current
+                    && let Some(family) = families.get_mut(name)
+                {
+                    family.0.push(line);
+                }
+            } else {
+                // A sample before any metadata is a family of its own, named by the sample.
+                let name = current.map_or_else(
+                    || line.split(['{', ' ']).next().unwrap_or_default(),
+                    |(family, _)| family,
+                );
+                let family = families.entry(name).or_insert_with(|| {
+                    order.push(name);
+                    (Vec::new(), Vec::new())
+                });
+                family.1.push(line);
+            }
+        }
+    }
+    let mut out = String::new();
+    for name in order {
+        if let Some((metadata, samples)) = families.get(name) {
+            for line in metadata.iter().chain(samples) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str("# EOF\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_texts_list_each_family_once_with_every_texts_samples() {
+        let manager = "# HELP gha_controller_x X.\n# TYPE gha_controller_x gauge\ngha_controller_x 1\n# EOF\n";
+        let one = "# HELP gha_assigned_jobs Jobs.\n# TYPE gha_assigned_jobs gauge\n\
+                   gha_assigned_jobs{name=\"a\"} 2\n# HELP gha_started_jobs Started.\n# TYPE gha_started_jobs counter\n\
+                   gha_started_jobs_total{name=\"a\"} 3\n# EOF\n";
+        let two = "# HELP gha_assigned_jobs Jobs.\n# TYPE gha_assigned_jobs gauge\n\
+                   gha_assigned_jobs{name=\"b\"} 5\n# EOF\n";
+        let merged = merge_texts([manager, one, two]);
+        assert_eq!(
+            merged,
+            "# HELP gha_controller_x X.\n# TYPE gha_controller_x gauge\ngha_controller_x 1\n\
+             # HELP gha_assigned_jobs Jobs.\n# TYPE gha_assigned_jobs gauge\n\
+             gha_assigned_jobs{name=\"a\"} 2\ngha_assigned_jobs{name=\"b\"} 5\n\
+             # HELP gha_started_jobs Started.\n# TYPE gha_started_jobs counter\n\
+             gha_started_jobs_total{name=\"a\"} 3\n# EOF\n"
+        );
+        assert_eq!(merge_texts([manager]), manager, "one text is unchanged");
+        assert_eq!(
+            merge_texts(["x 1\n"]),
+            "x 1\n# EOF\n",
+            "samples without metadata are kept"
+        );
+    }
 
     #[test]
     fn names_match_arc_and_counters_get_total() {

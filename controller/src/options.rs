@@ -115,6 +115,21 @@ pub struct ListenerSettings {
     pub log_level: String,
     /// Listener `log_format`.
     pub log_format: String,
+    /// Where listeners run: a pod per scale set (ARC's way, the default) or tasks of the manager.
+    pub mode: ListenerMode,
+    /// The timings of the listener loops the manager runs itself (the listener binary's defaults; tests shorten
+    /// them).
+    pub loop_settings: listener::Settings,
+}
+
+/// Where the listeners run (`--listener-mode`, docs/listener-modes.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListenerMode {
+    /// One pod per scale set, with its ServiceAccount, Roles, RoleBindings and config Secret (ARC's way).
+    #[default]
+    Pod,
+    /// The leading manager runs every scale set's message loop as a task of its own: no listener pods.
+    Manager,
 }
 
 impl Default for ListenerSettings {
@@ -129,6 +144,8 @@ impl Default for ListenerSettings {
             health_addr: crds::constants::LISTENER_HEALTH_ADDR.to_owned(),
             log_level: "debug".to_owned(),
             log_format: "text".to_owned(),
+            mode: ListenerMode::Pod,
+            loop_settings: listener::Settings::default(),
         }
     }
 }

@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::listener_tasks::ListenerTasks;
 use crate::manager::Readiness;
 
 /// Parses a Go-style bind address as ARC's flags take it: `:8080` (all interfaces), `host:port`, or `0`/empty
@@ -32,20 +33,51 @@ pub fn parse_bind_address(value: &str) -> std::result::Result<Option<SocketAddr>
         .map_err(|e| format!("{value:?} is not a bind address (e.g. :8080 or 127.0.0.1:8080): {e}"))
 }
 
-/// `/metrics` for `registry`.
-pub fn metrics_routes(registry: Arc<Registry>) -> Router {
+/// What `/metrics` shows: the manager's registry, and in the manager's listener mode every listener's metrics
+/// (the families merged, one series set per scale set, as separate listener pods would each show theirs).
+#[derive(Clone)]
+pub struct Exposition {
+    pub registry: Arc<Registry>,
+    pub listeners: Option<Arc<ListenerTasks>>,
+}
+
+impl Exposition {
+    /// The text exposition of everything.
+    pub fn encode(&self) -> String {
+        let own = crate::metrics::encode(&self.registry);
+        let Some(listeners) = self.listeners.as_ref().filter(|tasks| !tasks.is_empty()) else {
+            return own;
+        };
+        let theirs = listeners.encode_metrics();
+        crate::metrics::merge_texts(
+            std::iter::once(own.as_str()).chain(theirs.iter().map(String::as_str)),
+        )
+    }
+}
+
+impl From<Arc<Registry>> for Exposition {
+    fn from(registry: Arc<Registry>) -> Self {
+        Self {
+            registry,
+            listeners: None,
+        }
+    }
+}
+
+/// `/metrics` for `exposition`.
+pub fn metrics_routes(exposition: impl Into<Exposition>) -> Router {
     Router::new().route(
         "/metrics",
-        get(|State(registry): State<Arc<Registry>>| async move {
+        get(|State(exposition): State<Exposition>| async move {
             (
                 [(
                     header::CONTENT_TYPE,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 )],
-                crate::metrics::encode(&registry),
+                exposition.encode(),
             )
         })
-        .with_state(registry),
+        .with_state(exposition.into()),
     )
 }
 

@@ -131,6 +131,11 @@ pub struct AutoscalingListenerStatus {
     /// Since when `sessionHeld` has had its current value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_since: Option<Time>,
+    /// The message session the listener holds or last held: a listener that takes over (a new manager leader, a
+    /// restarted listener) deletes this session before it creates its own, rather than wait for the service to
+    /// expire it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<ListenerSession>,
     /// When a long poll of the message queue (or a session creation) last succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_poll_time: Option<Time>,
@@ -152,6 +157,19 @@ pub struct AutoscalingListenerStatus {
     /// Written by the controller: consecutive failures of the listener pod, while it keeps failing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_failures: Option<ListenerPodFailures>,
+}
+
+/// A message session as the service named it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerSession {
+    /// The session's id.
+    #[serde(default)]
+    #[schemars(transform = crate::schema::no_default)]
+    pub id: String,
+    /// Who created it: the listener pod's name, or the manager pod's in the manager's listener mode.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
 }
 
 /// An error of the listener's message loop, without secrets.

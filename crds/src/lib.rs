@@ -25,7 +25,7 @@ mod render;
 
 pub use autoscaling_listener::{
     AutoscalingListener, AutoscalingListenerSpec, AutoscalingListenerStatus, ListenerError,
-    ListenerPodFailures, ListenerStatistics,
+    ListenerPodFailures, ListenerSession, ListenerStatistics,
 };
 pub use autoscaling_runner_set::{
     AutoscalingRunnerSet, AutoscalingRunnerSetSpec, AutoscalingRunnerSetStatus,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use actions_client::{
     ClientOptions, Credentials, GitHubAppCredentials, ProxyConfig, ProxyServer, ProxySettings,
-    SecretString, SystemInfo, TlsRoots,
+    SecretString, SessionId, SystemInfo, TlsRoots,
 };
 use crds::appconfig::GitHubCredentials;
 use tokio::task::JoinSet;
@@ -22,12 +22,22 @@ use crate::server::{BoundServer, Routes};
 use crate::status::{Publisher, Timing};
 use crate::target::KubeTarget;
 
+/// Where a listener runs.
+enum Hosting {
+    /// In a process of its own: it serves its metrics and `/healthz`.
+    Process,
+    /// Inside the manager, which serves its metrics; `predecessor` is the session to delete before creating one.
+    Embedded { predecessor: Option<SessionId> },
+}
+
 /// Subsystem name in the User-Agent, as ARC's listener sends it.
 const SUBSYSTEM: &str = "ghalistener";
 
 /// A listener whose servers are bound and whose clients are built, ready to run.
 pub struct Listener {
     message_loop: MessageLoop<KubeTarget>,
+    /// Its metrics, for a host that serves them (the manager's listener mode).
+    metrics: Option<MetricsSource>,
     /// Writes the loop's reports into the AutoscalingListener's status, when the environment names it.
     publisher: Option<Publisher>,
     servers: Vec<BoundServer>,
@@ -35,10 +45,46 @@ pub struct Listener {
     health_addr: Option<SocketAddr>,
 }
 
+/// One listener's metrics as a host serves them: its registry, and its progress for the poll-age gauge.
+#[derive(Clone)]
+pub struct MetricsSource {
+    metrics: Arc<Metrics>,
+    health: Health,
+}
+
+impl MetricsSource {
+    /// The OpenMetrics text of this listener's metrics, with the poll age as of now.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.metrics
+            .encode(self.health.last_poll_age().as_secs_f64())
+    }
+}
+
 impl Listener {
     /// Prepares everything that can fail on configuration alone, so such failures end the process before any
-    /// session exists. `config` must have passed [`Config::validate`].
+    /// session exists, and binds the metrics and health servers. `config` must have passed [`Config::validate`].
     pub async fn start(config: &Config, kube: kube::Client, settings: Settings) -> Result<Self> {
+        Self::build(config, kube, settings, Hosting::Process).await
+    }
+
+    /// A listener inside another process, the manager's listener mode: it binds no server (the host serves
+    /// [`Listener::metrics`], and the AutoscalingListener's status is its health), and deletes `predecessor`, the
+    /// session a listener before it recorded there, before it creates its own.
+    pub async fn embedded(
+        config: &Config,
+        kube: kube::Client,
+        settings: Settings,
+        predecessor: Option<SessionId>,
+    ) -> Result<Self> {
+        Self::build(config, kube, settings, Hosting::Embedded { predecessor }).await
+    }
+
+    async fn build(
+        config: &Config,
+        kube: kube::Client,
+        settings: Settings,
+        hosting: Hosting,
+    ) -> Result<Self> {
         let github = config.github_config()?;
         let credentials = resolve_credentials(config, vault::Options::from_env()).await?;
         let max_runners = u32::try_from(config.max_runners).map_err(|_| {
@@ -63,8 +109,12 @@ impl Listener {
 
         let mut servers = Vec::new();
         let (mut metrics_addr, mut health_addr) = (None, None);
-        let health_address = config.health_address();
-        if let Some(metrics) = &metrics {
+        let (serve, predecessor) = match hosting {
+            Hosting::Process => (true, None),
+            Hosting::Embedded { predecessor } => (false, predecessor),
+        };
+        let health_address = config.health_address().filter(|_| serve);
+        if let Some(metrics) = metrics.as_ref().filter(|_| serve) {
             let shared = config.health_shares_metrics_server();
             let routes = Routes {
                 metrics: Some((Arc::clone(metrics), config.metrics_path().to_owned())),
@@ -145,15 +195,37 @@ impl Listener {
                 "scheduled minimums or a scale-down delay configured"
             );
         }
-        let message_loop =
-            MessageLoop::new(scale_set, settings, target, metrics, health)?.with_policy(policy);
+        let source = metrics.as_ref().map(|metrics| MetricsSource {
+            metrics: Arc::clone(metrics),
+            health: health.clone(),
+        });
+        let message_loop = MessageLoop::new(scale_set, settings, target, metrics, health)?
+            .with_policy(policy)
+            .with_predecessor(predecessor);
         Ok(Self {
             message_loop,
+            metrics: source,
             publisher,
             servers,
             metrics_addr,
             health_addr,
         })
+    }
+
+    /// The loop's reports (what it writes into the AutoscalingListener's status).
+    pub fn status(&self) -> tokio::sync::watch::Receiver<crate::status::Report> {
+        self.message_loop.status()
+    }
+
+    /// Asks for the AutoscalingListener's status to be written again at once (see [`Publisher::rewriter`]); `None`
+    /// when the listener reports to none.
+    pub fn status_rewriter(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.publisher.as_ref().map(Publisher::rewriter)
+    }
+
+    /// Its metrics, when the config enables them.
+    pub fn metrics(&self) -> Option<MetricsSource> {
+        self.metrics.clone()
     }
 
     /// Where metrics are served, once bound.

@@ -29,7 +29,7 @@ use std::time::Duration;
 use actions_client::retry::{JitteredBackoff, JitteredBackoffBuilder};
 use actions_client::{
     ActionsClient, ClientOptions, Credentials, GitHubConfig, HttpOptions, MessageSessionClient,
-    RetryPolicy, RunnerScaleSetMessage, Statistics,
+    RetryPolicy, RunnerScaleSetMessage, SessionId, Statistics,
 };
 use backon::Retryable as _;
 use futures::{StreamExt, stream};
@@ -197,6 +197,9 @@ pub struct MessageLoop<T> {
     /// Runners whose finished jobs the target leaves out, listed in every patch until the set has acted on one
     /// that carried them (not in ARC).
     completions: Completions,
+    /// A session a predecessor recorded and may have left behind (it was killed): deleted once, before this loop
+    /// creates its first, so the service does not refuse that as a second session until it expires the old one.
+    predecessor: Option<SessionId>,
 }
 
 impl<T: RunnerSetTarget> MessageLoop<T> {
@@ -242,7 +245,17 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             last_decision: None,
             flush_at: None,
             completions: Completions::default(),
+            predecessor: None,
         })
+    }
+
+    /// Deletes session `id`, which a predecessor recorded (on the AutoscalingListener's status), before creating the
+    /// first session: a successor then holds the set's session at once instead of after the service's expiry.
+    /// Only for a predecessor known to have stopped, or to be stopping: a live one would lose its session.
+    #[must_use]
+    pub fn with_predecessor(mut self, id: Option<SessionId>) -> Self {
+        self.predecessor = id;
+        self
     }
 
     /// Replaces the scaling policy (scheduled minimums, scale-down delay); without this call the loop scales as
@@ -388,6 +401,21 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
             // client only renews it by its expiry claim.
             self.client = build_client(&self.scale_set)?;
         }
+        if let Some(id) = self.predecessor.take() {
+            // Whatever the answer: gone already (closed at its shutdown, expired) or deleted now, creating is next.
+            match self
+                .client
+                .delete_message_session(self.scale_set.id, id)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(session_id = %id, "deleted the session a predecessor left")
+                }
+                Err(error) => {
+                    tracing::info!(session_id = %id, %error, "the predecessor's session was not deleted")
+                }
+            }
+        }
         let session = self
             .client
             .message_session(self.scale_set.id, &self.scale_set.owner_name)
@@ -404,7 +432,8 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
         tracing::info!(session_id = %snapshot.session_id, owner = %snapshot.owner_name, "message session created");
         self.session = Some(session);
         self.health.poll_completed();
-        self.status.session_created();
+        self.status
+            .session_created(snapshot.session_id.to_string(), snapshot.owner_name.clone());
         self.latest = statistics;
         self.status.statistics(&statistics);
         if let Some(m) = &self.metrics {

@@ -12,13 +12,18 @@
 use std::time::Duration;
 
 use actions_client::Statistics;
-use crds::{AutoscalingListener, AutoscalingListenerStatus, ListenerError, ListenerStatistics};
+use crds::{
+    AutoscalingListener, AutoscalingListenerStatus, ListenerError, ListenerSession,
+    ListenerStatistics,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tokio::sync::watch;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::config::StatusTarget;
@@ -35,6 +40,8 @@ pub struct Report {
     pub session_held: bool,
     /// Since when `session_held` has had its value (the start counts as a change).
     pub session_since: Option<Timestamp>,
+    /// The session held, or last held: its id and owner.
+    pub session: Option<(String, String)>,
     /// The last successful long poll or session creation.
     pub last_poll: Option<Timestamp>,
     /// The last error of the loop.
@@ -60,6 +67,8 @@ pub struct ReportedError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Verdict {
     session_held: bool,
+    /// A successor deletes the recorded session before it creates its own: a new one is worth a write at once.
+    session: Option<String>,
     failing: Option<&'static str>,
 }
 
@@ -84,6 +93,7 @@ impl Report {
     fn verdict(&self) -> Verdict {
         Verdict {
             session_held: self.session_held,
+            session: self.session.as_ref().map(|(id, _)| id.clone()),
             failing: self
                 .failing()
                 .then(|| self.last_error.as_ref().map(|e| e.category))
@@ -119,6 +129,10 @@ impl Report {
         AutoscalingListenerStatus {
             session_held: Some(self.session_held),
             session_since: self.session_since.map(Time),
+            session: self.session.as_ref().map(|(id, owner)| ListenerSession {
+                id: id.clone(),
+                owner: owner.clone(),
+            }),
             last_poll_time: self.last_poll.map(Time),
             poll_stale_after_seconds: Some(
                 i64::try_from(stale_after.as_secs() + u64::from(stale_after.subsec_nanos() > 0))
@@ -247,11 +261,12 @@ impl StatusHandle {
         });
     }
 
-    /// A session was created: it counts as contact with the service.
-    pub fn session_created(&self) {
+    /// Session `id` was created for `owner`: it counts as contact with the service.
+    pub fn session_created(&self, id: String, owner: String) {
         let now = Timestamp::now();
         self.update(|r| {
             r.set_session(true, now);
+            r.session = Some((id, owner));
             r.polled(now);
         });
     }
@@ -289,6 +304,8 @@ pub struct Publisher {
     timing: Timing,
     stale_after: Duration,
     final_timeout: Duration,
+    /// Asks for the current report to be written again at once, changed or not.
+    rewrite: Arc<Notify>,
 }
 
 impl Publisher {
@@ -307,7 +324,14 @@ impl Publisher {
             timing,
             stale_after,
             final_timeout,
+            rewrite: Arc::new(Notify::new()),
         }
+    }
+
+    /// Asks for the current report to be written again at once: another writer (a listener pod stopping after
+    /// the manager's loop took its session over) may have replaced it.
+    pub fn rewriter(&self) -> Arc<Notify> {
+        Arc::clone(&self.rewrite)
     }
 
     async fn write(&self, report: &Report) -> Result<(), kube::Error> {
@@ -334,10 +358,14 @@ impl Publisher {
         let mut last_attempt: Option<Instant> = None;
         let mut failures: u32 = 0;
         let mut open = true;
+        let mut rewrite = false;
         while open {
             let current = reports.borrow_and_update().clone();
             let since = last_attempt.map_or(Duration::MAX, |at| at.elapsed());
             let mut plan = due(published.as_ref(), &current, since, &self.timing);
+            if std::mem::take(&mut rewrite) {
+                plan = Due::Now;
+            }
             if failures > 0 && plan != Due::Idle {
                 // After a failed write, wait a little longer each time, up to the heartbeat.
                 let retry = self
@@ -373,9 +401,15 @@ impl Publisher {
                     tokio::select! {
                         changed = reports.changed() => open = changed.is_ok(),
                         () = tokio::time::sleep(wait) => {}
+                        () = self.rewrite.notified() => rewrite = true,
                     }
                 }
-                Due::Idle => open = reports.changed().await.is_ok(),
+                Due::Idle => {
+                    tokio::select! {
+                        changed = reports.changed() => open = changed.is_ok(),
+                        () = self.rewrite.notified() => rewrite = true,
+                    }
+                }
             }
         }
         let last = reports.borrow().clone();

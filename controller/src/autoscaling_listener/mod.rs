@@ -15,6 +15,7 @@
 //! as an Event on the AutoscalingRunnerSet. A second Role and RoleBinding, next to the listener, let the listener
 //! write its own status (its message session, polls and errors).
 
+pub mod in_manager;
 mod reconcile;
 pub mod resources;
 
@@ -117,6 +118,7 @@ pub async fn run(
     listener_store: Store<AutoscalingListener>,
     pods: impl Stream<Item = Arc<Pod>> + Send + 'static,
     pod_deletions: impl Stream<Item = ObjectRef<AutoscalingListener>> + Send + 'static,
+    loop_endings: Option<impl Stream<Item = ObjectRef<AutoscalingListener>> + Send + 'static>,
     rbac_namespace: Option<String>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -136,7 +138,10 @@ pub async fn run(
         .owns(accounts, watcher::Config::default())
         .watches(roles, labelled.clone(), |role| listener_of(&role))
         .watches(bindings, labelled, |binding| listener_of(&binding))
-        .reconcile_on(pod_deletions)
+        .reconcile_on(futures::stream::select(
+            pod_deletions,
+            futures::stream::iter(loop_endings).flatten(),
+        ))
         .with_config(config)
         .graceful_shutdown_on(shutdown)
         .run(reconcile_one, error_policy, ctx)

@@ -31,10 +31,12 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::in_manager::{self, TaskFacts, TaskStep};
 use super::resources::{
     CONFIG_KEY, ConfigSettings, ListenerIdentity, PodInputs, config_secret_metadata,
     listener_config, listener_pod, metrics_port, proxy_secret_labels, role, role_binding,
@@ -48,6 +50,7 @@ use crate::kubeutil::{
     add_finalizers, controller_ref, delete_if_present, get_if_present, has_finalizer,
     name_and_namespace, remove_finalizers,
 };
+use crate::listener_tasks::{Cleanup, ListenerTasks};
 use crate::metrics::ScaleSetLabels;
 use crate::options::AL_FIELD_MANAGER;
 use crate::pods::{PodState, pod_state};
@@ -82,6 +85,9 @@ pub async fn reconcile(
         delete_if_present(&step.listeners, &step.name, &step.namespace).await?;
         return Ok(Action::await_change());
     };
+    if let Some(tasks) = &ctx.base.listener_tasks {
+        return step.run_in_manager(tasks, &runner_set).await;
+    }
     let owner = controller_ref(&*listener)?;
     let id = ListenerIdentity {
         listener: &listener,
@@ -401,6 +407,22 @@ impl<'a> Step<'a> {
         id: &ListenerIdentity<'_>,
         runner_set: &AutoscalingRunnerSet,
     ) -> Result<String> {
+        let ListenerInputs { data, hash, .. } = self.config(runner_set).await?;
+        let (labels, mut annotations) = config_secret_metadata(id.listener, id.excluded_prefixes);
+        annotations.insert(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.clone());
+        let secret = self.secret(
+            listener_config_secret_name(&self.name),
+            labels,
+            annotations,
+            data,
+        )?;
+        self.ensure_with(&self.secrets, &secret, same_data).await?;
+        Ok(hash)
+    }
+
+    /// The listener's `config.json`, rebuilt from the credentials Secret, as Secret data, and its hash (a vault's
+    /// current credentials included).
+    pub(super) async fn config(&self, runner_set: &AutoscalingRunnerSet) -> Result<ListenerInputs> {
         let spec = &self.listener.spec;
         let namespace = self.runner_set_namespace();
         let credentials = if spec.vault_config.is_some() {
@@ -459,20 +481,12 @@ impl<'a> Step<'a> {
             tls: spec.github_server_tls.as_ref(),
             vault: spec.vault_config.as_ref(),
         };
-        let hash = match self.ctx.base.actions.vault_app_config(&source).await? {
+        let vault = self.ctx.base.actions.vault_app_config(&source).await?;
+        let hash = match &vault {
             Some(vault_credentials) => integrity_hash(&(&data, vault_credentials))?,
             None => integrity_hash(&data)?,
         };
-        let (labels, mut annotations) = config_secret_metadata(id.listener, id.excluded_prefixes);
-        annotations.insert(INTEGRITY_HASH_ANNOTATION.to_owned(), hash.clone());
-        let secret = self.secret(
-            listener_config_secret_name(&self.name),
-            labels,
-            annotations,
-            data,
-        )?;
-        self.ensure_with(&self.secrets, &secret, same_data).await?;
-        Ok(hash)
+        Ok(ListenerInputs { data, hash, vault })
     }
 
     async fn read_ca(&self, tls: &crds::common::TlsConfig) -> Result<String> {
@@ -581,39 +595,13 @@ impl<'a> Step<'a> {
         match pod_state(&pod) {
             PodState::Failed(what) => {
                 self.set_running(false);
-                let options = &self.ctx.base.options;
-                let count = self
-                    .live_pod_failures()
-                    .await?
-                    .map_or(1, |f| f.count.saturating_add(1));
-                let delay =
-                    pod_failure_delay(count, options.error_backoff_min, options.error_backoff_max);
-                let now = Timestamp::now();
-                let next = now
-                    .checked_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
-                    .unwrap_or(now);
-                self.write_pod_failures(Some(&ListenerPodFailures {
-                    count,
-                    last: what.clone(),
-                    time: Some(Time(now)),
-                    next_attempt_time: Some(Time(next)),
-                }))
-                .await?;
-                self.ctx
-                    .base
-                    .publish(
-                        &self.runner_set_ref(runner_set),
-                        EventType::Warning,
-                        "ListenerFailed",
-                        "RecreateListener",
-                        format!(
-                            "listener pod {}/{} {what} (failure {count}); recreating it in {}",
-                            self.namespace,
-                            self.name,
-                            describe_wait(delay)
-                        ),
+                let describe = |count, wait: &str| {
+                    format!(
+                        "listener pod {}/{} {what} (failure {count}); recreating it in {wait}",
+                        self.namespace, self.name
                     )
-                    .await;
+                };
+                let delay = self.record_failure(runner_set, &what, describe).await?;
                 delete_if_present(&self.pods, &self.name, &self.namespace).await?;
                 Ok(Action::requeue(delay.max(SHORT_WAIT)))
             }
@@ -627,6 +615,44 @@ impl<'a> Step<'a> {
             }
             PodState::Starting => Ok(Action::requeue(resync)),
         }
+    }
+
+    /// Records the listener's next failure in a row (`what`: how it ended) in its status and says so in a Warning
+    /// Event on its scale set (`describe`, from the count and the wait); returns the wait before the next attempt.
+    async fn record_failure(
+        &self,
+        runner_set: &AutoscalingRunnerSet,
+        what: &str,
+        describe: impl FnOnce(i64, &str) -> String,
+    ) -> Result<Duration> {
+        let options = &self.ctx.base.options;
+        let count = self
+            .live_pod_failures()
+            .await?
+            .map_or(1, |f| f.count.saturating_add(1));
+        let delay = pod_failure_delay(count, options.error_backoff_min, options.error_backoff_max);
+        let now = Timestamp::now();
+        let next = now
+            .checked_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(now);
+        self.write_pod_failures(Some(&ListenerPodFailures {
+            count,
+            last: what.to_owned(),
+            time: Some(Time(now)),
+            next_attempt_time: Some(Time(next)),
+        }))
+        .await?;
+        self.ctx
+            .base
+            .publish(
+                &self.runner_set_ref(runner_set),
+                EventType::Warning,
+                "ListenerFailed",
+                "RecreateListener",
+                describe(count, &describe_wait(delay)),
+            )
+            .await;
+        Ok(delay)
     }
 
     /// The pod failures recorded in the status, read from the API server: the cached listener may not show the
@@ -693,11 +719,31 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// Deletion: everything this controller created goes, then the finalizer.
+    /// Deletion: the loop this manager runs for the listener stops (its session closed), everything this
+    /// controller created goes, then the finalizer.
     async fn finalize(&self) -> Result<Action> {
         if !has_finalizer(self.listener, AUTOSCALING_LISTENER_FINALIZER) {
             return Ok(Action::await_change());
         }
+        if let Some(tasks) = &self.ctx.base.listener_tasks {
+            tasks.stop(&ObjectRef::from_obj(self.listener)).await;
+        }
+        if self.delete_pod_objects().await? {
+            // Deletes were issued (or objects are still terminating): confirm they are gone next pass.
+            return Ok(Action::requeue(SHORT_WAIT));
+        }
+        remove_finalizers(
+            &self.listeners,
+            self.listener,
+            &[AUTOSCALING_LISTENER_FINALIZER],
+        )
+        .await?;
+        Ok(Action::await_change())
+    }
+
+    /// Deletes the listener pod and everything made for it (its Secrets, ServiceAccount, Roles and RoleBindings);
+    /// returns whether any was still there.
+    async fn delete_pod_objects(&self) -> Result<bool> {
         let mut remaining = false;
         remaining |= delete_if_present(&self.pods, &self.name, &self.namespace).await?;
         self.set_running(false);
@@ -718,17 +764,160 @@ impl<'a> Step<'a> {
         remaining |=
             delete_if_present(&self.roles(), &self.name, self.runner_set_namespace()).await?;
         remaining |= delete_if_present(&self.accounts(), &self.name, &self.namespace).await?;
-        if remaining {
-            // Deletes were issued (or objects are still terminating): confirm they are gone next pass.
-            return Ok(Action::requeue(SHORT_WAIT));
+        Ok(remaining)
+    }
+}
+
+/// What a listener's loop is made from: its `config.json` as Secret data, the digest of that and of a vault's
+/// credentials, and those credentials (the manager's listener mode gives them to the loop inline).
+pub(super) struct ListenerInputs {
+    data: BTreeMap<String, ByteString>,
+    hash: String,
+    vault: Option<AppConfig>,
+}
+
+impl Step<'_> {
+    /// The manager's listener mode (docs/listener-modes.md): the listener's loop runs as a task of this manager
+    /// rather than in a pod; [`in_manager::decide`] says what the pass does with it.
+    async fn run_in_manager(
+        &self,
+        tasks: &ListenerTasks,
+        runner_set: &AutoscalingRunnerSet,
+    ) -> Result<Action> {
+        let key = ObjectRef::from_obj(self.listener);
+        let uid = self.listener.uid().unwrap_or_default();
+        let inputs = self.config(runner_set).await?;
+        let status = self.listener.status.clone().unwrap_or_default();
+        let recorded = status
+            .session
+            .map(|session| session.id)
+            .filter(|id| !id.is_empty());
+        let view = tasks.view(&key);
+        let facts = TaskFacts {
+            task: view.as_ref(),
+            uid: &uid,
+            inputs: &inputs.hash,
+            recorded_session: recorded.as_deref(),
+            backoff_left: status
+                .pod_failures
+                .as_ref()
+                .and_then(|failures| time_until(failures.next_attempt_time.as_ref())),
+            pod_present: self
+                .ctx
+                .pods
+                .get(&ObjectRef::new(&self.name).within(&self.namespace))
+                .is_some(),
+        };
+        let resync = self.ctx.base.options.resync_interval;
+        let step = in_manager::decide(&facts);
+        tracing::debug!(?step, "listener loop step");
+        match step {
+            TaskStep::Wait(wait) => {
+                self.set_running(false);
+                Ok(Action::requeue(wait))
+            }
+            TaskStep::Failed(why) => {
+                self.set_running(false);
+                tasks.stop(&key).await;
+                self.loop_failed(runner_set, &why).await
+            }
+            TaskStep::Start | TaskStep::Restart | TaskStep::Retake => {
+                if step == TaskStep::Restart {
+                    tracing::info!("listener inputs changed; restarting its loop");
+                    // A new configuration deserves a fresh start, not the old failures' backoff.
+                    self.forget_pod_failures().await?;
+                }
+                match self
+                    .embedded_listener(tasks, &inputs, recorded.as_deref())
+                    .await
+                {
+                    Ok(listener) => {
+                        tasks
+                            .start(key, (&uid, &inputs.hash), recorded, listener)
+                            .await;
+                        self.set_running(true);
+                        Ok(Action::requeue(resync))
+                    }
+                    Err(why) => self.loop_failed(runner_set, &why).await,
+                }
+            }
+            TaskStep::DeletePodObjects => {
+                self.delete_pod_objects().await?;
+                tasks.set_cleanup(&key, Cleanup::Deleting);
+                Ok(Action::requeue(resync))
+            }
+            TaskStep::RewriteStatus => {
+                tasks.rewrite_status(&key);
+                tasks.set_cleanup(&key, Cleanup::Done);
+                Ok(Action::requeue(resync))
+            }
+            TaskStep::Running { holding } => {
+                self.set_running(true);
+                if !holding {
+                    // The loop's session change brings the listener back (`ListenerTasks`).
+                    return Ok(Action::requeue(resync));
+                }
+                let started = view.map(|task| task.started);
+                let pass = running_pass(started, Timestamp::now(), resync);
+                if pass.healthy {
+                    self.forget_pod_failures().await?;
+                }
+                Ok(Action::requeue(pass.next))
+            }
         }
-        remove_finalizers(
-            &self.listeners,
-            self.listener,
-            &[AUTOSCALING_LISTENER_FINALIZER],
+    }
+
+    /// The loop could not start, or ended with an error or a panic: recorded as a failure of the listener, started
+    /// again after the backoff.
+    async fn loop_failed(&self, runner_set: &AutoscalingRunnerSet, why: &str) -> Result<Action> {
+        let describe = |count, wait: &str| {
+            format!(
+                "the loop of listener {}/{} in the manager failed: {why} (failure {count}); restarting it in {wait}",
+                self.namespace, self.name
+            )
+        };
+        let delay = self.record_failure(runner_set, why, describe).await?;
+        Ok(Action::requeue(delay.max(SHORT_WAIT)))
+    }
+
+    /// The listener's loop, built as the listener binary builds it from `config.json` (with a vault's credentials
+    /// inline: the manager read them), reporting to this AutoscalingListener, deleting session `predecessor` first.
+    /// Any failure comes back as the text the Event and the status show.
+    async fn embedded_listener(
+        &self,
+        tasks: &ListenerTasks,
+        inputs: &ListenerInputs,
+        predecessor: Option<&str>,
+    ) -> std::result::Result<listener::Listener, String> {
+        let text = inputs
+            .data
+            .get(CONFIG_KEY)
+            .map(|bytes| bytes.0.as_slice())
+            .unwrap_or_default();
+        let mut config = listener::Config::decode(text).map_err(|error| error.to_string())?;
+        if let Some(vault) = &inputs.vault {
+            config.vault_type = String::new();
+            config.github_token.clone_from(&vault.github_token);
+            config.github_app_id.clone_from(&vault.github_app_id);
+            config.github_app_installation_id = vault.github_app_installation_id;
+            config
+                .github_app_private_key
+                .clone_from(&vault.github_app_private_key);
+        }
+        config.validate().map_err(|error| error.to_string())?;
+        config.status_target = Some(listener::config::StatusTarget {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        });
+        let predecessor = predecessor.and_then(|id| id.parse().ok());
+        listener::Listener::embedded(
+            &config,
+            tasks.client(),
+            self.ctx.base.options.listener.loop_settings.clone(),
+            predecessor,
         )
-        .await?;
-        Ok(Action::await_change())
+        .await
+        .map_err(|error| listener::listener::error_chain(&error))
     }
 }
 

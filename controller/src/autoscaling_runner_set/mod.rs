@@ -105,6 +105,12 @@ impl RunnerSetContext {
         self.listener_pods
             .get(&ObjectRef::new(name).within(&self.namespace))
     }
+
+    /// The listener's loop in this manager, in the manager's listener mode.
+    fn listener_task(&self, name: &str) -> Option<crate::listener_tasks::TaskView> {
+        let tasks = self.base.listener_tasks.as_ref()?;
+        tasks.view(&ObjectRef::new(name).within(&self.namespace))
+    }
 }
 
 async fn reconcile_one(

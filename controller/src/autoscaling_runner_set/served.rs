@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::conditions::Finding;
+use crate::listener_tasks::{Ended, TaskView};
 use crate::pods::{PodState, pod_state};
 
 /// Added to the listener's own bound on the age of its last poll before the report counts as stale: the
@@ -30,13 +31,22 @@ pub const DEFAULT_POLL_STALE_AFTER: Duration = Duration::from_secs(120);
 /// clock differences and the second-granularity of Kubernetes times.
 const EARLIER_PROCESS_SLACK: Duration = Duration::from_secs(5);
 
+/// Where a listener runs, as this process sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum ListenerHost<'a> {
+    /// In its pod (ARC's way), from the cache.
+    Pod(Option<&'a Pod>),
+    /// As a loop of this manager (the manager's listener mode), if one was started.
+    Manager(Option<&'a TaskView>),
+}
+
 /// What the verdict is about.
 #[derive(Debug, Clone, Copy)]
 pub struct ListenerView<'a> {
     /// The AutoscalingListener, read from the API server (its status is the listener's report).
     pub listener: &'a AutoscalingListener,
-    /// The listener pod, from the cache.
-    pub pod: Option<&'a Pod>,
+    /// Where the listener runs, as this process sees it.
+    pub host: ListenerHost<'a>,
     /// The scale set id, for messages.
     pub scale_set_id: i64,
     /// `namespace/name` of the credentials Secret, for messages.
@@ -98,32 +108,55 @@ pub fn judge_listener(view: &ListenerView<'_>, now: Timestamp) -> ListenerVerdic
     let namespace = listener.metadata.namespace.as_deref().unwrap_or_default();
     let name = listener.metadata.name.as_deref().unwrap_or_default();
     let status = listener.status.clone().unwrap_or_default();
-    let logs = format!("kubectl -n {namespace} logs {name}");
+    let (subject, logs) = match view.host {
+        ListenerHost::Pod(_) => (
+            "the listener pod",
+            format!("kubectl -n {namespace} logs {name}"),
+        ),
+        ListenerHost::Manager(_) => {
+            let manager = std::env::var("HOSTNAME").unwrap_or_else(|_| "<manager pod>".to_owned());
+            (
+                "the listener's loop in the manager",
+                format!("kubectl -n {namespace} logs {manager}, lines with listener={name}"),
+            )
+        }
+    };
     if let Some(failures) = &status.pod_failures {
         let next = failures
             .next_attempt_time
             .as_ref()
             .map(|t| format!("; next attempt at {}", t.0))
             .unwrap_or_default();
+        let what = match view.host {
+            ListenerHost::Pod(_) => format!("{subject} {}", failures.last),
+            ListenerHost::Manager(_) => format!("{subject} failed: {}", failures.last),
+        };
         return ListenerVerdict::now(Err(Finding::new(
             "ListenerFailing",
             format!(
-                "the listener pod {} ({} failure(s) in a row){next}. Read its log: {logs}",
-                failures.last, failures.count
+                "{what} ({} failure(s) in a row){next}. Read its log: {logs}",
+                failures.count
             ),
         )));
     }
-    let started = match view.pod.map(pod_state) {
+    let state = match view.host {
+        ListenerHost::Pod(pod) => pod.map(pod_state),
+        ListenerHost::Manager(task) => task.map(|task| match &task.ended {
+            Some(Ended::Failed(why)) => PodState::Failed(format!("ended: {why}")),
+            _ => PodState::Running(Some(task.started)),
+        }),
+    };
+    let started = match state {
         None | Some(PodState::Starting) => {
             return ListenerVerdict::now(Err(Finding::new(
                 "ListenerStarting",
-                "the listener pod is starting",
+                format!("{subject} is starting"),
             )));
         }
         Some(PodState::Failed(what)) => {
             return ListenerVerdict::now(Err(Finding::new(
                 "ListenerFailing",
-                format!("the listener pod {what}. Read its log: {logs}"),
+                format!("{subject} {what}. Read its log: {logs}"),
             )));
         }
         Some(PodState::Running(since)) => since,
@@ -147,7 +180,7 @@ pub fn judge_listener(view: &ListenerView<'_>, now: Timestamp) -> ListenerVerdic
             Finding::new(
                 "ListenerNotReporting",
                 format!(
-                    "the listener pod has run since {started} without reporting its state in the status of \
+                    "{subject} has run since {started} without reporting its state in the status of \
                      AutoscalingListener {namespace}/{name}. Read its log ({logs}): \"writing the listener status \
                      failed\" with 403 means the manager could not grant it the right (a controller chart older \
                      than the manager)"
@@ -350,7 +383,7 @@ mod tests {
         judge_listener(
             &ListenerView {
                 listener,
-                pod,
+                host: ListenerHost::Pod(pod),
                 scale_set_id: 7,
                 credentials: "runners/github",
                 scale_set_check_interval: Duration::from_secs(600),

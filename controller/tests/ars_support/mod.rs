@@ -44,6 +44,8 @@ pub struct Running {
     shutdown: CancellationToken,
     task: JoinHandle<controller::Result<()>>,
     pub registry: Arc<Registry>,
+    /// What its `/metrics` shows (the listeners' metrics too, in the manager's listener mode).
+    pub exposition: controller::server::Exposition,
 }
 
 impl Running {
@@ -172,6 +174,8 @@ impl Env {
         options.listener.namespace = Some(self.controller_namespace.clone());
         options.listener.image = "ghcr.io/example/arc-rs:test".to_owned();
         options.listener.log_level = "debug".to_owned();
+        // The manager's listener mode: its loops report every 2 s rather than every 30 s.
+        options.listener.loop_settings.status_heartbeat = Duration::from_secs(2);
         options.runner.failure_backoff_base = Duration::from_millis(100);
         options.scale_down.ready_grace_period = Duration::ZERO;
         options
@@ -194,11 +198,13 @@ impl Env {
         let shutdown = CancellationToken::new();
         let manager = Manager::new(self.ctx.client.clone(), options);
         let registry = manager.registry();
+        let exposition = manager.exposition();
         let task = tokio::spawn(manager.run(shutdown.clone()));
         Running {
             shutdown,
             task,
             registry,
+            exposition,
         }
     }
 

@@ -4,6 +4,7 @@
 use chart_tests::{Chart, Template};
 use clap::Parser;
 use controller::cli::Args;
+use controller::options::ListenerMode;
 use serde_json::{Value, json};
 
 fn manager_args(template: Template) -> Vec<String> {
@@ -74,7 +75,8 @@ fn a_render_with_every_flag_parses() {
             "k8sClientRateLimiterBurst": 75,
             "k8sClientMaxInFlight": 0,
             "rateLimiter": {"name": "typed_rate_limiter"},
-            "healthProbeBindAddress": ":8081"
+            "healthProbeBindAddress": ":8081",
+            "listenerMode": "manager"
         },
         "metrics": {"controllerManagerAddr": ":8080", "listenerAddr": ":8080", "listenerEndpoint": "/metrics"},
         "pprof": {"addr": ":6060"}
@@ -93,4 +95,33 @@ fn a_render_with_every_flag_parses() {
         "0 (no limit) is passed, not dropped"
     );
     assert_eq!(options.listener.metrics_endpoint, "/metrics");
+    assert_eq!(options.listener.mode, ListenerMode::Manager);
+}
+
+#[test]
+fn listeners_run_in_pods_unless_the_values_say_manager_and_nothing_else_renders() {
+    let mode = |value: Value| {
+        Template::new(Chart::Controller)
+            .values(json!({"flags": {"listenerMode": value}}))
+            .release("arc")
+            .namespace("arc-systems")
+            .render()
+            .map(|_| {
+                let values = json!({"flags": {"listenerMode": value}});
+                parse(&manager_args(
+                    Template::new(Chart::Controller).values(values),
+                ))
+                .options()
+                .listener
+                .mode
+            })
+    };
+    assert_eq!(mode(Value::Null).unwrap(), ListenerMode::Pod);
+    assert_eq!(mode(json!("pod")).unwrap(), ListenerMode::Pod);
+    assert_eq!(mode(json!("manager")).unwrap(), ListenerMode::Manager);
+    let refused = mode(json!("pods")).expect_err("an unknown mode fails the render");
+    assert!(
+        refused.to_string().contains("flags.listenerMode must be"),
+        "{refused}"
+    );
 }

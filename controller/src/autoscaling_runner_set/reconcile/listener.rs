@@ -14,7 +14,9 @@ use crate::autoscaling_runner_set::desired::{
     ListenerInputs, desired_listener, listener_up_to_date,
 };
 use crate::autoscaling_runner_set::schedule_status;
-use crate::autoscaling_runner_set::served::{ListenerView, TAKING_OVER, judge_listener};
+use crate::autoscaling_runner_set::served::{
+    ListenerHost, ListenerView, TAKING_OVER, judge_listener,
+};
 use crate::error::{Error, Result};
 use crate::kubeutil::{delete_if_present, get_if_present};
 
@@ -121,6 +123,11 @@ impl Step<'_> {
             ));
         }
         let pod = self.ctx.listener_pod(&name);
+        let task = self.ctx.listener_task(&name);
+        let host = match &self.ctx.base.listener_tasks {
+            Some(_) => ListenerHost::Manager(task.as_ref()),
+            None => ListenerHost::Pod(pod.as_deref()),
+        };
         let credentials = format!(
             "{}/{}",
             self.namespace, self.runner_set.spec.github_config_secret
@@ -128,7 +135,7 @@ impl Step<'_> {
         let verdict = judge_listener(
             &ListenerView {
                 listener: &existing,
-                pod: pod.as_deref(),
+                host,
                 scale_set_id,
                 credentials: &credentials,
                 scale_set_check_interval: options.scale_set_check_interval,

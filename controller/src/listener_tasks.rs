@@ -1,0 +1,285 @@
+//! The manager's listener mode (`--listener-mode=manager`, docs/listener-modes.md): each AutoscalingListener's
+//! message loop runs as a task of the manager, the listener crate's own loop (the one the listener binary runs),
+//! instead of in a pod of its own.
+//!
+//! One owner for each effect: the AutoscalingListener controller starts, restarts and stops the tasks; the
+//! AutoscalingRunnerSet controller only reads how they run (its `ListenerReady` condition); the manager stops them
+//! all once its controllers have stopped and before it gives up the Lease, so every loop closes its session first
+//! and the next leader opens its own at once. Each task is isolated: its own Actions client, backoff and errors; a
+//! loop that fails or panics ends only its own task, and its listener's pass learns of it at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crds::AutoscalingListener;
+use futures::channel::mpsc;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
+use listener::app::MetricsSource;
+use listener::error::Category;
+use listener::status::Report;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::lock;
+
+/// How a task's loop ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It was stopped (its session closed).
+    Stopped,
+    /// It failed or panicked: why, as logged.
+    Failed(String),
+}
+
+/// Where the listener pod's objects stand, for a loop that took over from one (a switch from the pod mode, or
+/// objects an earlier manager of the pod mode left).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Not deleted yet: they go once the loop holds the session.
+    #[default]
+    Pending,
+    /// Deleted; a pod may still be stopping, and its last status write may replace the loop's.
+    Deleting,
+    /// Gone, and the loop's status written again after the pod's last write.
+    Done,
+}
+
+/// What the controllers see of one listener's task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskView {
+    /// The listener's uid when the task started (a listener recreated under the same name is another).
+    pub uid: String,
+    /// The digest of the inputs the loop runs with (its config, and a vault's credentials).
+    pub inputs: String,
+    /// When the task started.
+    pub started: Timestamp,
+    /// Whether the loop holds its message session now.
+    pub session_held: bool,
+    /// Whether the loop is failing because the service refuses it a session: another holds one.
+    pub conflict: bool,
+    /// The predecessor's session the loop deleted before creating its own.
+    pub predecessor: Option<String>,
+    /// How the loop ended, once it has.
+    pub ended: Option<Ended>,
+    /// Where the listener pod's objects stand.
+    pub cleanup: Cleanup,
+}
+
+struct Task {
+    uid: String,
+    inputs: String,
+    predecessor: Option<String>,
+    started: Timestamp,
+    stop: CancellationToken,
+    /// Ends once the loop has ended (its session closed) and its end is recorded.
+    done: JoinHandle<()>,
+    report: watch::Receiver<Report>,
+    metrics: Option<MetricsSource>,
+    ended: Arc<Mutex<Option<Ended>>>,
+    rewriter: Option<Arc<Notify>>,
+    cleanup: Cleanup,
+}
+
+impl Task {
+    fn view(&self) -> TaskView {
+        let report = self.report.borrow();
+        TaskView {
+            uid: self.uid.clone(),
+            inputs: self.inputs.clone(),
+            started: self.started,
+            session_held: report.session_held,
+            conflict: report.failing()
+                && report
+                    .last_error
+                    .as_ref()
+                    .is_some_and(|error| error.category == Category::SessionConflict.as_str()),
+            predecessor: self.predecessor.clone(),
+            ended: lock(&self.ended).clone(),
+            cleanup: self.cleanup,
+        }
+    }
+}
+
+/// The listener loops this manager runs, by AutoscalingListener.
+pub struct ListenerTasks {
+    /// The loops' Kubernetes client (their runner set patches, runner status patches and status reports).
+    client: kube::Client,
+    tasks: Mutex<HashMap<ObjectRef<AutoscalingListener>, Task>>,
+    /// Brings a listener's pass back when its loop ends.
+    ended: mpsc::UnboundedSender<ObjectRef<AutoscalingListener>>,
+}
+
+impl ListenerTasks {
+    /// No tasks yet, whose loops will use `client`, and the stream of listeners whose loop ended or whose session
+    /// changed, for the AutoscalingListener controller.
+    pub fn new(
+        client: kube::Client,
+    ) -> (
+        Self,
+        mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>,
+    ) {
+        let (ended, endings) = mpsc::unbounded();
+        let tasks = Self {
+            client,
+            tasks: Mutex::default(),
+            ended,
+        };
+        (tasks, endings)
+    }
+
+    /// The loops' Kubernetes client.
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The task of `key`, if one was started and not stopped since.
+    pub fn view(&self, key: &ObjectRef<AutoscalingListener>) -> Option<TaskView> {
+        lock(&self.tasks).get(key).map(Task::view)
+    }
+
+    /// Runs `listener` as the task of `key`: the listener of uid `uid`, from `inputs`, which deletes session
+    /// `predecessor` before it creates its own. A task `key` had is stopped first: never two loops for one scale set.
+    pub async fn start(
+        &self,
+        key: ObjectRef<AutoscalingListener>,
+        (uid, inputs): (&str, &str),
+        predecessor: Option<String>,
+        listener: listener::Listener,
+    ) {
+        self.stop(&key).await;
+        let stop = CancellationToken::new();
+        let report = listener.status();
+        let metrics = listener.metrics();
+        let rewriter = listener.status_rewriter();
+        let ended = Arc::new(Mutex::new(None));
+        let mut run = tokio::spawn(listener.run(stop.clone()));
+        let (record, wake, woken) = (Arc::clone(&ended), self.ended.clone(), key.clone());
+        let mut reports = report.clone();
+        let done = tokio::spawn(async move {
+            // The listener's pass hears of each change of the session (the pod objects go once it is held; the
+            // status events that carry it do not start a pass) and of the loop's end.
+            let mut held = reports.borrow_and_update().session_held;
+            let joined = loop {
+                tokio::select! {
+                    joined = &mut run => break joined,
+                    changed = reports.changed() => {
+                        let now = changed.is_ok() && reports.borrow_and_update().session_held;
+                        if now != held {
+                            held = now;
+                            let _ = wake.unbounded_send(woken.clone());
+                        }
+                        if changed.is_err() {
+                            break (&mut run).await;
+                        }
+                    }
+                }
+            };
+            let outcome = match joined {
+                Ok(Ok(())) => Ended::Stopped,
+                Ok(Err(error)) => Ended::Failed(listener::listener::error_chain(&error)),
+                Err(error) if error.is_panic() => {
+                    Ended::Failed(format!("the listener loop panicked: {}", panic_text(error)))
+                }
+                Err(_) => Ended::Failed("the listener loop was cancelled".to_owned()),
+            };
+            if let Ended::Failed(why) = &outcome {
+                tracing::warn!(listener = %woken, error = %why, "a listener loop ended");
+            }
+            *lock(&record) = Some(outcome);
+            // None listens once the controllers have stopped.
+            let _ = wake.unbounded_send(woken);
+        });
+        let task = Task {
+            uid: uid.to_owned(),
+            inputs: inputs.to_owned(),
+            predecessor,
+            started: Timestamp::now(),
+            stop,
+            done,
+            report,
+            metrics,
+            ended,
+            rewriter,
+            cleanup: Cleanup::Pending,
+        };
+        lock(&self.tasks).insert(key, task);
+    }
+
+    /// Records where the listener pod's objects stand for the task of `key`.
+    pub fn set_cleanup(&self, key: &ObjectRef<AutoscalingListener>, cleanup: Cleanup) {
+        if let Some(task) = lock(&self.tasks).get_mut(key) {
+            task.cleanup = cleanup;
+        }
+    }
+
+    /// Has the task of `key` write its listener's status again at once.
+    pub fn rewrite_status(&self, key: &ObjectRef<AutoscalingListener>) {
+        if let Some(rewriter) = lock(&self.tasks)
+            .get(key)
+            .and_then(|task| task.rewriter.clone())
+        {
+            rewriter.notify_one();
+        }
+    }
+
+    /// Stops the task of `key`, if there is one, and waits until its loop has closed its session; returns whether
+    /// there was one.
+    pub async fn stop(&self, key: &ObjectRef<AutoscalingListener>) -> bool {
+        let task = lock(&self.tasks).remove(key);
+        let Some(task) = task else {
+            return false;
+        };
+        task.stop.cancel();
+        // A panic in it is recorded and logged by the task itself.
+        let _ = task.done.await;
+        true
+    }
+
+    /// Stops every task at once and waits until each has closed its session: the manager's last step before it
+    /// releases the Lease, so the next leader's loops are not refused as second sessions.
+    pub async fn stop_all(&self) {
+        let tasks: Vec<Task> = lock(&self.tasks).drain().map(|(_, task)| task).collect();
+        if tasks.is_empty() {
+            return;
+        }
+        tracing::info!(listeners = tasks.len(), "closing the listeners' sessions");
+        for task in &tasks {
+            task.stop.cancel();
+        }
+        futures::future::join_all(tasks.into_iter().map(|task| task.done)).await;
+    }
+
+    /// Every running listener's metrics in the text format, one text per listener.
+    pub fn encode_metrics(&self) -> Vec<String> {
+        let sources: Vec<MetricsSource> = lock(&self.tasks)
+            .values()
+            .filter_map(|task| task.metrics.clone())
+            .collect();
+        sources
+            .iter()
+            .filter_map(|source| source.encode().ok())
+            .collect()
+    }
+
+    /// How many tasks run.
+    pub fn len(&self) -> usize {
+        lock(&self.tasks).len()
+    }
+
+    /// Whether no task runs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The message a panic carried, when it was text.
+fn panic_text(error: tokio::task::JoinError) -> String {
+    let payload = error.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned())
+}
