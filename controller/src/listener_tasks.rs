@@ -21,6 +21,7 @@ use listener::status::Report;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::context::lock;
 
@@ -154,7 +155,14 @@ impl ListenerTasks {
         let metrics = listener.metrics();
         let rewriter = listener.status_rewriter();
         let ended = Arc::new(Mutex::new(None));
-        let mut run = tokio::spawn(listener.run(stop.clone()));
+        // Every line the loop logs names its listener: one log carries every set's.
+        let name = format!(
+            "{}/{}",
+            key.namespace.as_deref().unwrap_or_default(),
+            key.name
+        );
+        let span = tracing::info_span!("listener", listener = %name);
+        let mut run = tokio::spawn(listener.run(stop.clone()).instrument(span));
         let (record, wake, woken) = (Arc::clone(&ended), self.ended.clone(), key.clone());
         let mut reports = report.clone();
         let done = tokio::spawn(async move {

@@ -11,6 +11,7 @@ use actions_client::{
 use crds::appconfig::GitHubCredentials;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::{AZURE_KEY_VAULT, AzureProxy, Config, ConfigProblem};
 use crate::error::{Error, Result};
@@ -248,9 +249,9 @@ impl Listener {
             servers.spawn(server.serve(server_token.clone()));
         }
         // The publisher stops by itself once the loop has ended and its last report is written.
-        let publisher = self
-            .publisher
-            .map(|publisher| tokio::spawn(publisher.run(self.message_loop.status())));
+        let publisher = self.publisher.map(|publisher| {
+            tokio::spawn(publisher.run(self.message_loop.status()).in_current_span())
+        });
         let message_loop = self.message_loop.run(loop_token.clone());
         tokio::pin!(message_loop);
         let mut server_error = None;

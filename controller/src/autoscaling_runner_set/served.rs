@@ -117,7 +117,9 @@ pub fn judge_listener(view: &ListenerView<'_>, now: Timestamp) -> ListenerVerdic
             let manager = std::env::var("HOSTNAME").unwrap_or_else(|_| "<manager pod>".to_owned());
             (
                 "the listener's loop in the manager",
-                format!("kubectl -n {namespace} logs {manager}, lines with listener={name}"),
+                format!(
+                    "kubectl -n {namespace} logs {manager}, lines with listener={namespace}/{name}"
+                ),
             )
         }
     };

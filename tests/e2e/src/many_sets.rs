@@ -63,6 +63,8 @@ pub struct ManySetsConfig {
     pub settle: Duration,
     /// Give up on setup, and on the burst, after this long each.
     pub timeout: Duration,
+    /// Where the listeners run: a pod (process) per set, or tasks of the manager (`--listener-mode=manager`).
+    pub in_manager: bool,
 }
 
 impl ManySetsConfig {
@@ -94,6 +96,7 @@ impl Default for ManySetsConfig {
             idle: Duration::from_secs(300),
             settle: Duration::from_secs(65),
             timeout: Duration::from_secs(900),
+            in_manager: false,
         }
     }
 }
@@ -120,6 +123,11 @@ pub struct IdleReport {
 #[serde(rename_all = "camelCase")]
 pub struct ManySetsReport {
     pub sets: u32,
+    /// `pod` or `manager` (docs/listener-modes.md).
+    pub listener_mode: String,
+    /// Listener pods, ServiceAccounts, Roles, RoleBindings and Secrets (credentials aside) that exist once every
+    /// set is up: 7 per set with listener pods, none in the manager's listener mode.
+    pub listener_objects: usize,
     pub jobs_per_set: u32,
     /// The first set's jobs, when it gets its own number.
     pub first_set_jobs: Option<u32>,
@@ -261,6 +269,7 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
         .collect();
     let mut report = ManySetsReport {
         sets: config.sets.max(1),
+        listener_mode: if config.in_manager { "manager" } else { "pod" }.to_owned(),
         jobs_per_set: config.jobs_per_set,
         first_set_jobs: config.first_set_jobs,
         others_after_secs: config.others_after.as_secs_f64(),
@@ -282,6 +291,16 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
             },
             fake,
             manager_process: true,
+            manager_args: if config.in_manager {
+                vec!["--listener-mode=manager".to_owned()]
+            } else {
+                Vec::new()
+            },
+            controller_values: if config.in_manager {
+                json!({"flags": {"listenerMode": "manager"}})
+            } else {
+                json!({})
+            },
             ..WorldConfig::default()
         },
     )
@@ -336,6 +355,7 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
     }
     let runners = RunnerWatch::start(world.client(), world.namespace());
     tokio::time::sleep(config.settle).await;
+    report.listener_objects = world.listener_objects().await?;
 
     // The idle window.
     let processes = measured_processes(&world).await?;

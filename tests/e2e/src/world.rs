@@ -13,7 +13,8 @@ use chart_tests::{Chart, Template};
 use controller::{Manager, Options};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use fake_actions_service::{EnqueueJobs, FakeActionsService, JobState, StateSnapshot};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
@@ -136,6 +137,14 @@ impl Replica {
     /// The end of its log.
     pub fn log_tail(&self, max: u64) -> String {
         self.process.log_tail(max)
+    }
+
+    /// SIGKILL, as if its node died, then waits for it to end (off the async threads).
+    pub async fn kill(mut self) -> Result<()> {
+        self.process
+            .kill()
+            .map_err(|e| Error::Manager(format!("killing the replica: {e}")))?;
+        self.stop().await
     }
 
     /// SIGTERM, then waits for it to end (off the async threads).
@@ -1038,6 +1047,56 @@ impl World {
                 .await?
                 .items,
         )
+    }
+
+    /// The objects made for listeners in their pod mode: pods, ServiceAccounts, Secrets, Roles and RoleBindings
+    /// of the controller namespace labelled with a scale set, and the listeners' Roles and RoleBindings in the
+    /// scale sets' namespace (none in the manager's listener mode).
+    pub async fn listener_objects(&self) -> Result<usize> {
+        let client = self.client();
+        let ours = ListParams::default().labels(crds::constants::SCALE_SET_NAME_LABEL);
+        let listeners = ListParams::default().labels(crds::constants::LISTENER_NAME_LABEL);
+        let controller = self.controller_namespace.as_str();
+        let count = [
+            Api::<Pod>::namespaced(client.clone(), controller)
+                .list(&ours)
+                .await?
+                .items
+                .len(),
+            Api::<ServiceAccount>::namespaced(client.clone(), controller)
+                .list(&ours)
+                .await?
+                .items
+                .len(),
+            Api::<Secret>::namespaced(client.clone(), controller)
+                .list(&ours)
+                .await?
+                .items
+                .len(),
+            Api::<Role>::namespaced(client.clone(), controller)
+                .list(&ours)
+                .await?
+                .items
+                .len(),
+            Api::<RoleBinding>::namespaced(client.clone(), controller)
+                .list(&ours)
+                .await?
+                .items
+                .len(),
+            Api::<Role>::namespaced(client.clone(), self.namespace())
+                .list(&listeners)
+                .await?
+                .items
+                .len(),
+            Api::<RoleBinding>::namespaced(client, self.namespace())
+                .list(&listeners)
+                .await?
+                .items
+                .len(),
+        ]
+        .iter()
+        .sum();
+        Ok(count)
     }
 
     /// Listener processes running now (`namespace/pod`).

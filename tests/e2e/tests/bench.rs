@@ -228,12 +228,18 @@ async fn many_scale_sets_serve_every_job_and_idle_quietly() {
         // Past the listeners' first minute, whose pass forgets their pod failures.
         settle: Duration::from_secs(65),
         timeout: Duration::from_secs(300),
+        in_manager: false,
     })
     .await
     .expect("the many-sets bench runs");
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(report.completed, 6);
     assert_eq!(report.listeners, sets as usize);
+    assert_eq!(
+        report.listener_objects,
+        7 * sets as usize,
+        "per set: a pod, a ServiceAccount, a config Secret, two Roles and two RoleBindings"
+    );
     assert_eq!(
         report.burst_to_all_pods.samples, sets as usize,
         "{report:?}"
@@ -255,6 +261,49 @@ async fn many_scale_sets_serve_every_job_and_idle_quietly() {
     assert!(
         report.idle.kubernetes_requests_per_set_per_min <= 8.0,
         "{idle:?}"
+    );
+    assert!(
+        report.idle.actions_calls_per_set_per_min <= 4.0,
+        "{:?}",
+        report.idle.actions_calls_per_set_per_min_by_endpoint
+    );
+}
+
+/// The manager's listener mode (docs/listener-modes.md) in the same world: every job served, no listener process
+/// and no per-set listener object, and no more Actions calls per set while idle than listener pods make.
+#[tokio::test]
+async fn many_scale_sets_in_the_manager_serve_every_job_with_no_object_per_set() {
+    e2e::init_test_tracing();
+    let _turn = MEASURING.lock().await;
+    let sets = 3;
+    let report = e2e::many_sets::run(&e2e::many_sets::ManySetsConfig {
+        sets,
+        jobs_per_set: 2,
+        first_set_jobs: None,
+        others_after: Duration::ZERO,
+        jit_latency: Duration::ZERO,
+        job_duration: Duration::from_secs(1),
+        idle: Duration::from_secs(60),
+        settle: Duration::from_secs(65),
+        timeout: Duration::from_secs(300),
+        in_manager: true,
+    })
+    .await
+    .expect("the many-sets bench runs");
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.listener_mode, "manager");
+    assert_eq!(report.completed, 6);
+    assert_eq!(report.listeners, 0, "no listener process");
+    assert_eq!(report.listener_objects, 0, "no listener object: {report:?}");
+    assert_eq!(
+        report.burst_to_all_pods.samples, sets as usize,
+        "{report:?}"
+    );
+    assert!((report.runners_per_job - 1.0).abs() <= 0.5, "{report:?}");
+    assert!(
+        report.idle.kubernetes_requests_per_set_per_min <= 8.0,
+        "{:?}",
+        report.idle.kubernetes_requests_per_set_per_min_by_key
     );
     assert!(
         report.idle.actions_calls_per_set_per_min <= 4.0,

@@ -63,6 +63,10 @@ struct Args {
     /// the pass each listener gets when it has run a minute).
     #[arg(long, default_value_t = 65)]
     settle_secs: u64,
+    /// With --scale-sets: where the listeners run, `pod` (a listener process per set, as pods) or `manager`
+    /// (every set's loop in the manager; docs/listener-modes.md).
+    #[arg(long, default_value = "pod", value_parser = ["pod", "manager"])]
+    listener_mode: String,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
             idle: Duration::from_secs(args.idle_secs),
             settle: Duration::from_secs(args.settle_secs),
             timeout: Duration::from_secs(args.timeout_secs),
+            in_manager: args.listener_mode == "manager",
         };
         eprintln!(
             "e2e-bench: {sets} scale sets, {} jobs each of {} ms, idle window {} s; starting...",
@@ -298,8 +303,12 @@ fn print_many_sets(r: &ManySetsReport) {
         first.push_str(&format!(", JIT configs in {:.1} s", r.jit_latency_secs));
     }
     println!(
-        "== e2e-bench: {} scale sets x {} jobs{first} of {:.1} s ({} jobs) ==",
-        r.sets, r.jobs_per_set, r.job_duration_secs, r.jobs
+        "== e2e-bench: {} scale sets x {} jobs{first} of {:.1} s ({} jobs), listeners in {} mode ==",
+        r.sets, r.jobs_per_set, r.job_duration_secs, r.jobs, r.listener_mode
+    );
+    println!(
+        "listener objects           {} (pods, ServiceAccounts, Roles, RoleBindings, Secrets)",
+        r.listener_objects
     );
     println!(
         "setup                      install -> listening {}; all up after {:.1} s",
