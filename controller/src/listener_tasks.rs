@@ -83,19 +83,25 @@ struct Task {
     cleanup: Cleanup,
 }
 
+/// Whether a report says the loop holds its session, and whether the service refuses it one (another holds it).
+fn session_state(report: &Report) -> (bool, bool) {
+    let conflict = report.failing()
+        && report
+            .last_error
+            .as_ref()
+            .is_some_and(|error| error.category == Category::SessionConflict.as_str());
+    (report.session_held, conflict)
+}
+
 impl Task {
     fn view(&self) -> TaskView {
-        let report = self.report.borrow();
+        let (session_held, conflict) = session_state(&self.report.borrow());
         TaskView {
             uid: self.uid.clone(),
             inputs: self.inputs.clone(),
             started: self.started,
-            session_held: report.session_held,
-            conflict: report.failing()
-                && report
-                    .last_error
-                    .as_ref()
-                    .is_some_and(|error| error.category == Category::SessionConflict.as_str()),
+            session_held,
+            conflict,
             predecessor: self.predecessor.clone(),
             ended: lock(&self.ended).clone(),
             cleanup: self.cleanup,
@@ -161,21 +167,27 @@ impl ListenerTasks {
             key.namespace.as_deref().unwrap_or_default(),
             key.name
         );
-        let span = tracing::info_span!("listener", listener = %name);
+        // Not a child of the pass that started it: the loop outlives it.
+        let span = tracing::info_span!(parent: None, "listener", listener = %name);
         let mut run = tokio::spawn(listener.run(stop.clone()).instrument(span));
         let (record, wake, woken) = (Arc::clone(&ended), self.ended.clone(), key.clone());
         let mut reports = report.clone();
         let done = tokio::spawn(async move {
             // The listener's pass hears of each change of the session (the pod objects go once it is held; the
-            // status events that carry it do not start a pass) and of the loop's end.
-            let mut held = reports.borrow_and_update().session_held;
+            // status events that carry it do not start a pass), of a refusal of the session (another holds it) and
+            // of the loop's end.
+            let mut seen = session_state(&reports.borrow_and_update());
             let joined = loop {
                 tokio::select! {
                     joined = &mut run => break joined,
                     changed = reports.changed() => {
-                        let now = changed.is_ok() && reports.borrow_and_update().session_held;
-                        if now != held {
-                            held = now;
+                        let now = if changed.is_ok() {
+                            session_state(&reports.borrow_and_update())
+                        } else {
+                            (false, false)
+                        };
+                        if now != seen {
+                            seen = now;
                             let _ = wake.unbounded_send(woken.clone());
                         }
                         if changed.is_err() {

@@ -36,7 +36,10 @@ pub fn parse_level(value: &str) -> Result<tracing::Level, String> {
 /// Installs the global subscriber. Fails if one is installed already.
 pub fn init(level: tracing::Level, format: LogFormat) -> Result<(), String> {
     // Our crates at the requested level; dependencies one step quieter unless RUST_LOG says otherwise.
-    let default = format!("warn,controller={level},actions_client={level},kube_runtime=info");
+    // The listener loops of the manager's listener mode log as the listener binary does.
+    let default = format!(
+        "warn,controller={level},listener={level},actions_client={level},kube_runtime=info"
+    );
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let result = match format {

@@ -254,6 +254,9 @@ impl<T: RunnerSetTarget> MessageLoop<T> {
     /// Only for a predecessor known to have stopped, or to be stopping: a live one would lose its session.
     #[must_use]
     pub fn with_predecessor(mut self, id: Option<SessionId>) -> Self {
+        if let Some(id) = id {
+            self.status.predecessor(id.to_string());
+        }
         self.predecessor = id;
         self
     }

@@ -67,8 +67,6 @@ pub struct ReportedError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Verdict {
     session_held: bool,
-    /// A successor deletes the recorded session before it creates its own: a new one is worth a write at once.
-    session: Option<String>,
     failing: Option<&'static str>,
 }
 
@@ -93,7 +91,6 @@ impl Report {
     fn verdict(&self) -> Verdict {
         Verdict {
             session_held: self.session_held,
-            session: self.session.as_ref().map(|(id, _)| id.clone()),
             failing: self
                 .failing()
                 .then(|| self.last_error.as_ref().map(|e| e.category))
@@ -214,6 +211,8 @@ pub fn due(
         _ => Due::Now,
     };
     match published {
+        // A new session is the record a successor deletes if this listener dies: never held back.
+        Some(published) if published.session != current.session => Due::Now,
         None => wait_for(timing.min_interval),
         Some(published) if published.verdict() != current.verdict() => {
             wait_for(timing.min_interval)
@@ -269,6 +268,12 @@ impl StatusHandle {
             r.session = Some((id, owner));
             r.polled(now);
         });
+    }
+
+    /// Session `id`, a predecessor's, is the one on record until this listener holds its own: the first report
+    /// keeps it there, so the record is not lost if this listener dies before creating one.
+    pub fn predecessor(&self, id: String) {
+        self.update(|r| r.session = Some((id, String::new())));
     }
 
     /// The session was given up (replaced, deleted at shutdown).
@@ -489,6 +494,48 @@ mod tests {
         assert!(text.len() <= MAX_MESSAGE_BYTES, "{}", text.len());
         assert!(text.ends_with("..."));
         assert_eq!(truncate("short".into()), "short");
+    }
+
+    #[test]
+    fn a_new_session_is_recorded_at_once_and_a_predecessors_stays_on_record_until_then() {
+        let timing = Timing {
+            heartbeat: Duration::from_secs(30),
+            min_interval: Duration::from_secs(1),
+        };
+        let handle = StatusHandle::new();
+        handle.predecessor("old".to_owned());
+        let first = handle.report();
+        assert_eq!(first.session, Some(("old".to_owned(), String::new())));
+        assert!(!first.session_held);
+        assert_eq!(
+            first
+                .to_status(Duration::from_secs(60))
+                .session
+                .map(|s| s.id),
+            Some("old".to_owned()),
+            "the first write keeps the predecessor's session on record"
+        );
+        handle.session_created("new".to_owned(), "manager-0".to_owned());
+        let created = handle.report();
+        assert_eq!(
+            due(Some(&first), &created, Duration::from_millis(10), &timing),
+            Due::Now,
+            "not held back by the minimum interval"
+        );
+        let status = created.to_status(Duration::from_secs(60));
+        assert_eq!(
+            status.session,
+            Some(ListenerSession {
+                id: "new".to_owned(),
+                owner: "manager-0".to_owned()
+            })
+        );
+        handle.session_released();
+        assert_eq!(
+            handle.report().session.map(|(id, _)| id),
+            Some("new".to_owned()),
+            "the session last held stays on record"
+        );
     }
 
     #[test]

@@ -827,6 +827,7 @@ impl Step<'_> {
                     // A new configuration deserves a fresh start, not the old failures' backoff.
                     self.forget_pod_failures().await?;
                 }
+                tracing::info!(?step, predecessor = ?recorded, "starting the listener's loop");
                 match self
                     .embedded_listener(tasks, &inputs, recorded.as_deref())
                     .await
