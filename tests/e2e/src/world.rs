@@ -1049,54 +1049,72 @@ impl World {
         )
     }
 
-    /// The objects made for listeners in their pod mode: pods, ServiceAccounts, Secrets, Roles and RoleBindings
-    /// of the controller namespace labelled with a scale set, and the listeners' Roles and RoleBindings in the
-    /// scale sets' namespace (none in the manager's listener mode).
+    /// The objects made for listeners in their pod mode: the pods, ServiceAccounts, Secrets, Roles and
+    /// RoleBindings an AutoscalingListener owns in the controller namespace, and the listeners' Roles and
+    /// RoleBindings in the scale sets' namespace (labelled, as no owner reference crosses namespaces). None in the
+    /// manager's listener mode.
     pub async fn listener_objects(&self) -> Result<usize> {
+        fn owned<K: kube::Resource>(objects: &[K]) -> usize {
+            objects
+                .iter()
+                .filter(|object| {
+                    object
+                        .meta()
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|owner| owner.kind == "AutoscalingListener")
+                })
+                .count()
+        }
         let client = self.client();
-        let ours = ListParams::default().labels(crds::constants::SCALE_SET_NAME_LABEL);
-        let listeners = ListParams::default().labels(crds::constants::LISTENER_NAME_LABEL);
+        let all = ListParams::default();
+        let labelled = ListParams::default().labels(crds::constants::LISTENER_NAME_LABEL);
         let controller = self.controller_namespace.as_str();
-        let count = [
-            Api::<Pod>::namespaced(client.clone(), controller)
-                .list(&ours)
-                .await?
-                .items
-                .len(),
-            Api::<ServiceAccount>::namespaced(client.clone(), controller)
-                .list(&ours)
-                .await?
-                .items
-                .len(),
-            Api::<Secret>::namespaced(client.clone(), controller)
-                .list(&ours)
-                .await?
-                .items
-                .len(),
-            Api::<Role>::namespaced(client.clone(), controller)
-                .list(&ours)
-                .await?
-                .items
-                .len(),
-            Api::<RoleBinding>::namespaced(client.clone(), controller)
-                .list(&ours)
-                .await?
-                .items
-                .len(),
+        Ok([
+            owned(
+                &Api::<Pod>::namespaced(client.clone(), controller)
+                    .list(&all)
+                    .await?
+                    .items,
+            ),
+            owned(
+                &Api::<ServiceAccount>::namespaced(client.clone(), controller)
+                    .list(&all)
+                    .await?
+                    .items,
+            ),
+            owned(
+                &Api::<Secret>::namespaced(client.clone(), controller)
+                    .list(&all)
+                    .await?
+                    .items,
+            ),
+            owned(
+                &Api::<Role>::namespaced(client.clone(), controller)
+                    .list(&all)
+                    .await?
+                    .items,
+            ),
+            owned(
+                &Api::<RoleBinding>::namespaced(client.clone(), controller)
+                    .list(&all)
+                    .await?
+                    .items,
+            ),
             Api::<Role>::namespaced(client.clone(), self.namespace())
-                .list(&listeners)
+                .list(&labelled)
                 .await?
                 .items
                 .len(),
             Api::<RoleBinding>::namespaced(client, self.namespace())
-                .list(&listeners)
+                .list(&labelled)
                 .await?
                 .items
                 .len(),
         ]
         .iter()
-        .sum();
-        Ok(count)
+        .sum())
     }
 
     /// Listener processes running now (`namespace/pod`).
