@@ -34,19 +34,6 @@ pub enum Ended {
     Failed(String),
 }
 
-/// Where the listener pod's objects stand, for a loop that took over from one (a switch from the pod mode, or
-/// objects an earlier manager of the pod mode left).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Cleanup {
-    /// Not deleted yet: they go once the loop holds the session.
-    #[default]
-    Pending,
-    /// Deleted; a pod may still be stopping, and its last status write may replace the loop's.
-    Deleting,
-    /// Gone, and the loop's status written again after the pod's last write.
-    Done,
-}
-
 /// What the controllers see of one listener's task.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskView {
@@ -58,14 +45,17 @@ pub struct TaskView {
     pub started: Timestamp,
     /// Whether the loop holds its message session now.
     pub session_held: bool,
+    /// The session it holds, or last held.
+    pub session: Option<String>,
     /// Whether the loop is failing because the service refuses it a session: another holds one.
     pub conflict: bool,
     /// The predecessor's session the loop deleted before creating its own.
     pub predecessor: Option<String>,
     /// How the loop ended, once it has.
     pub ended: Option<Ended>,
-    /// Where the listener pod's objects stand.
-    pub cleanup: Cleanup,
+    /// Whether the listener pod's objects (of the pod mode, or an earlier manager's) were deleted since the loop
+    /// started: they go once it holds the session, never before.
+    pub pod_objects_deleted: bool,
 }
 
 struct Task {
@@ -80,7 +70,7 @@ struct Task {
     metrics: Option<MetricsSource>,
     ended: Arc<Mutex<Option<Ended>>>,
     rewriter: Option<Arc<Notify>>,
-    cleanup: Cleanup,
+    pod_objects_deleted: bool,
 }
 
 /// Whether a report says the loop holds its session, and whether the service refuses it one (another holds it).
@@ -95,16 +85,18 @@ fn session_state(report: &Report) -> (bool, bool) {
 
 impl Task {
     fn view(&self) -> TaskView {
-        let (session_held, conflict) = session_state(&self.report.borrow());
+        let report = self.report.borrow();
+        let (session_held, conflict) = session_state(&report);
         TaskView {
             uid: self.uid.clone(),
             inputs: self.inputs.clone(),
             started: self.started,
             session_held,
+            session: report.session.as_ref().map(|(id, _)| id.clone()),
             conflict,
             predecessor: self.predecessor.clone(),
             ended: lock(&self.ended).clone(),
-            cleanup: self.cleanup,
+            pod_objects_deleted: self.pod_objects_deleted,
         }
     }
 }
@@ -222,15 +214,15 @@ impl ListenerTasks {
             metrics,
             ended,
             rewriter,
-            cleanup: Cleanup::Pending,
+            pod_objects_deleted: false,
         };
         lock(&self.tasks).insert(key, task);
     }
 
-    /// Records where the listener pod's objects stand for the task of `key`.
-    pub fn set_cleanup(&self, key: &ObjectRef<AutoscalingListener>, cleanup: Cleanup) {
+    /// Records that the listener pod's objects were deleted for the task of `key`.
+    pub fn pod_objects_deleted(&self, key: &ObjectRef<AutoscalingListener>) {
         if let Some(task) = lock(&self.tasks).get_mut(key) {
-            task.cleanup = cleanup;
+            task.pod_objects_deleted = true;
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::listener_tasks::{Cleanup, Ended, TaskView};
+use crate::listener_tasks::{Ended, TaskView};
 
 /// What a pass observed of a listener in the manager's listener mode.
 #[derive(Debug, Clone, Copy)]
@@ -14,12 +14,12 @@ pub struct TaskFacts<'a> {
     pub uid: &'a str,
     /// The digest of the loop's inputs as they are now (config, a vault's credentials).
     pub inputs: &'a str,
-    /// The session recorded on the listener's status (by whichever listener wrote last).
+    /// The session recorded on the listener's status (by whichever listener wrote last), and whether the status
+    /// says it is held.
     pub recorded_session: Option<&'a str>,
+    pub recorded_held: bool,
     /// How long until the next start is allowed, while the backoff after failures runs.
     pub backoff_left: Option<Duration>,
-    /// Whether a listener pod of this listener exists (as cached).
-    pub pod_present: bool,
 }
 
 /// The pass's next step.
@@ -41,7 +41,8 @@ pub enum TaskStep {
     /// The loop holds the set's session: the listener pod's objects go (its pod, ServiceAccount, Roles,
     /// RoleBindings and Secrets), never before.
     DeletePodObjects,
-    /// The listener pod is gone: the loop writes its status again, which the pod's last write replaced.
+    /// The status does not show the session the loop holds (a stopping listener pod's last write replaced it):
+    /// the loop writes it again.
     RewriteStatus,
     /// The loop runs; `holding`: it holds the set's session.
     Running { holding: bool },
@@ -66,11 +67,13 @@ pub fn decide(facts: &TaskFacts<'_>) -> TaskStep {
         {
             TaskStep::Retake
         }
-        None if task.session_held => match task.cleanup {
-            Cleanup::Pending => TaskStep::DeletePodObjects,
-            Cleanup::Deleting if !facts.pod_present => TaskStep::RewriteStatus,
-            Cleanup::Deleting | Cleanup::Done => TaskStep::Running { holding: true },
-        },
+        None if task.session_held && !task.pod_objects_deleted => TaskStep::DeletePodObjects,
+        None if task.session_held
+            && (!facts.recorded_held || facts.recorded_session != task.session.as_deref()) =>
+        {
+            TaskStep::RewriteStatus
+        }
+        None if task.session_held => TaskStep::Running { holding: true },
         None => TaskStep::Running { holding: false },
     }
 }
@@ -88,9 +91,10 @@ mod tests {
             started: Timestamp::UNIX_EPOCH,
             session_held: true,
             conflict: false,
+            session: Some("s".to_owned()),
             predecessor: None,
             ended: None,
-            cleanup: Cleanup::Done,
+            pod_objects_deleted: true,
         }
     }
 
@@ -99,9 +103,9 @@ mod tests {
             task,
             uid: "u",
             inputs: "h",
-            recorded_session: None,
+            recorded_session: Some("s"),
+            recorded_held: true,
             backoff_left: None,
-            pod_present: false,
         }
     }
 
@@ -135,10 +139,10 @@ mod tests {
     }
 
     #[test]
-    fn the_pod_objects_go_once_the_session_is_held_and_then_the_status_is_written_again() {
+    fn the_pod_objects_go_once_the_session_is_held_and_a_replaced_status_is_written_again() {
         let taking_over = TaskView {
             session_held: false,
-            cleanup: Cleanup::Pending,
+            pod_objects_deleted: false,
             ..task()
         };
         assert_eq!(
@@ -151,16 +155,26 @@ mod tests {
             ..taking_over
         };
         assert_eq!(decide(&facts(Some(&holding))), TaskStep::DeletePodObjects);
-        let deleting = TaskView {
-            cleanup: Cleanup::Deleting,
+        let cleared = TaskView {
+            pod_objects_deleted: true,
             ..holding
         };
-        let stopping = TaskFacts {
-            pod_present: true,
-            ..facts(Some(&deleting))
+        assert_eq!(
+            decide(&facts(Some(&cleared))),
+            TaskStep::Running { holding: true }
+        );
+        // The stopping pod's last write: its own (lost) session, not held.
+        let replaced = TaskFacts {
+            recorded_session: Some("pod's"),
+            recorded_held: false,
+            ..facts(Some(&cleared))
         };
-        assert_eq!(decide(&stopping), TaskStep::Running { holding: true });
-        assert_eq!(decide(&facts(Some(&deleting))), TaskStep::RewriteStatus);
+        assert_eq!(decide(&replaced), TaskStep::RewriteStatus);
+        let not_held = TaskFacts {
+            recorded_held: false,
+            ..facts(Some(&cleared))
+        };
+        assert_eq!(decide(&not_held), TaskStep::RewriteStatus);
     }
 
     #[test]
@@ -198,7 +212,10 @@ mod tests {
             decide(&recorded("old")),
             TaskStep::Running { holding: false }
         );
-        let unrecorded = facts(Some(&refused));
+        let unrecorded = TaskFacts {
+            recorded_session: None,
+            ..facts(Some(&refused))
+        };
         assert_eq!(decide(&unrecorded), TaskStep::Running { holding: false });
     }
 }

@@ -92,14 +92,31 @@ fn listener_of<K: Resource>(obj: &K) -> Option<ObjectRef<AutoscalingListener>> {
 
 /// What the controller reacts to on an AutoscalingListener: everything but the status, which the listener
 /// rewrites on its own schedule and this controller writes itself (a pass per report would re-apply every
-/// object of the listener for nothing).
+/// object of the listener for nothing), except the session it records and whether it holds it: in the manager's
+/// listener mode a stopping listener pod's last report can replace the loop's, which the pass then writes again.
 fn reacts_to(listener: &AutoscalingListener) -> Option<u64> {
     predicates::generation
         .combine(predicates::labels)
         .combine(predicates::annotations)
         .combine(predicates::finalizers)
         .combine(deletion_mark)
+        .combine(recorded_session)
         .hash_property(listener)
+}
+
+/// The session the status records and whether it says it is held, as a predicate value.
+fn recorded_session(listener: &AutoscalingListener) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let status = listener.status.as_ref();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (
+        status
+            .and_then(|status| status.session.as_ref())
+            .map(|session| &session.id),
+        status.and_then(|status| status.session_held),
+    )
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// Drops listener events that only changed the status (see [`reacts_to`]).
@@ -176,14 +193,32 @@ mod tests {
         listener.metadata.generation = Some(1);
         let mut reported = listener.clone();
         reported.status = Some(crds::AutoscalingListenerStatus {
-            session_held: Some(true),
+            desired_runners: Some(3),
             ..Default::default()
         });
         let mut relabelled = reported.clone();
         relabelled.labels_mut().insert("a".into(), "b".into());
-        let events = futures::stream::iter([listener, reported, relabelled].map(Arc::new));
+        let mut held = relabelled.clone();
+        held.status = Some(crds::AutoscalingListenerStatus {
+            session_held: Some(true),
+            session: Some(crds::ListenerSession {
+                id: "s".into(),
+                owner: "o".into(),
+            }),
+            ..Default::default()
+        });
+        let mut polled = held.clone();
+        if let Some(status) = polled.status.as_mut() {
+            status.desired_runners = Some(4);
+        }
+        let events =
+            futures::stream::iter([listener, reported, relabelled, held, polled].map(Arc::new));
         let passed: Vec<_> = without_status_changes(events).collect().await;
-        assert_eq!(passed.len(), 2, "the status report is filtered");
+        assert_eq!(
+            passed.len(),
+            3,
+            "the status report is filtered, but for a change of the session it records"
+        );
     }
 
     #[test]

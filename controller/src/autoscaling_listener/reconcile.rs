@@ -50,7 +50,7 @@ use crate::kubeutil::{
     add_finalizers, controller_ref, delete_if_present, get_if_present, has_finalizer,
     name_and_namespace, remove_finalizers,
 };
-use crate::listener_tasks::{Cleanup, ListenerTasks};
+use crate::listener_tasks::ListenerTasks;
 use crate::metrics::ScaleSetLabels;
 use crate::options::AL_FIELD_MANAGER;
 use crate::pods::{PodState, pod_state};
@@ -798,15 +798,11 @@ impl Step<'_> {
             uid: &uid,
             inputs: &inputs.hash,
             recorded_session: recorded.as_deref(),
+            recorded_held: status.session_held == Some(true),
             backoff_left: status
                 .pod_failures
                 .as_ref()
                 .and_then(|failures| time_until(failures.next_attempt_time.as_ref())),
-            pod_present: self
-                .ctx
-                .pods
-                .get(&ObjectRef::new(&self.name).within(&self.namespace))
-                .is_some(),
         };
         let resync = self.ctx.base.options.resync_interval;
         let step = in_manager::decide(&facts);
@@ -844,12 +840,11 @@ impl Step<'_> {
             }
             TaskStep::DeletePodObjects => {
                 self.delete_pod_objects().await?;
-                tasks.set_cleanup(&key, Cleanup::Deleting);
+                tasks.pod_objects_deleted(&key);
                 Ok(Action::requeue(resync))
             }
             TaskStep::RewriteStatus => {
                 tasks.rewrite_status(&key);
-                tasks.set_cleanup(&key, Cleanup::Done);
                 Ok(Action::requeue(resync))
             }
             TaskStep::Running { holding } => {
