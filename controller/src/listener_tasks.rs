@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use crds::AutoscalingListener;
 use futures::channel::mpsc;
+use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 use listener::app::MetricsSource;
@@ -101,6 +102,15 @@ impl Task {
     }
 }
 
+/// What the supervision of one loop needs of it: its reports, its metrics, a way to have its status written again,
+/// and the loop itself, run until the token is cancelled.
+struct LoopParts {
+    report: watch::Receiver<Report>,
+    metrics: Option<MetricsSource>,
+    rewriter: Option<Arc<Notify>>,
+    run: Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, listener::Result<()>> + Send>,
+}
+
 /// The listener loops this manager runs, by AutoscalingListener.
 pub struct ListenerTasks {
     /// The loops' Kubernetes client (their runner set patches, runner status patches and status reports).
@@ -143,15 +153,35 @@ impl ListenerTasks {
     pub async fn start(
         &self,
         key: ObjectRef<AutoscalingListener>,
-        (uid, inputs): (&str, &str),
+        ids: (&str, &str),
         predecessor: Option<String>,
         listener: listener::Listener,
     ) {
+        let parts = LoopParts {
+            report: listener.status(),
+            metrics: listener.metrics(),
+            rewriter: listener.status_rewriter(),
+            run: Box::new(move |stop| Box::pin(listener.run(stop))),
+        };
+        self.start_loop(key, ids, predecessor, parts).await;
+    }
+
+    /// [`ListenerTasks::start`] for a loop given by its parts.
+    async fn start_loop(
+        &self,
+        key: ObjectRef<AutoscalingListener>,
+        (uid, inputs): (&str, &str),
+        predecessor: Option<String>,
+        parts: LoopParts,
+    ) {
         self.stop(&key).await;
         let stop = CancellationToken::new();
-        let report = listener.status();
-        let metrics = listener.metrics();
-        let rewriter = listener.status_rewriter();
+        let LoopParts {
+            report,
+            metrics,
+            rewriter,
+            run,
+        } = parts;
         let ended = Arc::new(Mutex::new(None));
         // Every line the loop logs names its listener: one log carries every set's.
         let name = format!(
@@ -161,7 +191,7 @@ impl ListenerTasks {
         );
         // Not a child of the pass that started it: the loop outlives it.
         let span = tracing::info_span!(parent: None, "listener", listener = %name);
-        let mut run = tokio::spawn(listener.run(stop.clone()).instrument(span));
+        let mut run = tokio::spawn(run(stop.clone()).instrument(span));
         let (record, wake, woken) = (Arc::clone(&ended), self.ended.clone(), key.clone());
         let mut reports = report.clone();
         let done = tokio::spawn(async move {
@@ -294,4 +324,114 @@ fn panic_text(error: tokio::task::JoinError) -> String {
         .map(|text| (*text).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn key(name: &str) -> ObjectRef<AutoscalingListener> {
+        ObjectRef::new(name).within("arc")
+    }
+
+    fn parts(
+        run: impl FnOnce(CancellationToken) -> BoxFuture<'static, listener::Result<()>> + Send + 'static,
+    ) -> (LoopParts, watch::Sender<Report>) {
+        let (reports, report) = watch::channel(Report::default());
+        let parts = LoopParts {
+            report,
+            metrics: None,
+            rewriter: None,
+            run: Box::new(run),
+        };
+        (parts, reports)
+    }
+
+    async fn tasks() -> (
+        ListenerTasks,
+        mpsc::UnboundedReceiver<ObjectRef<AutoscalingListener>>,
+    ) {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        ListenerTasks::new(kube::Client::try_from(config).expect("client"))
+    }
+
+    #[tokio::test]
+    async fn a_panicking_loop_ends_only_its_own_task_and_its_pass_hears_of_it() {
+        let (tasks, mut endings) = tasks().await;
+        let (panicking, _a) = parts(|_| Box::pin(async { panic!("boom") }));
+        let (running, b) = parts(|stop| {
+            Box::pin(async move {
+                stop.cancelled().await;
+                Ok(())
+            })
+        });
+        tasks
+            .start_loop(key("a"), ("u1", "h"), None, panicking)
+            .await;
+        tasks
+            .start_loop(key("b"), ("u2", "h"), Some("old".to_owned()), running)
+            .await;
+        let woken = tokio::time::timeout(Duration::from_secs(5), endings.next())
+            .await
+            .expect("woken");
+        assert_eq!(woken, Some(key("a")));
+        let ended = tasks.view(&key("a")).expect("a").ended;
+        assert_eq!(
+            ended,
+            Some(Ended::Failed("the listener loop panicked: boom".to_owned()))
+        );
+        // The other loop runs on, and hears of its session.
+        let other = tasks.view(&key("b")).expect("b");
+        assert_eq!(
+            (other.ended, other.predecessor.as_deref()),
+            (None, Some("old"))
+        );
+        b.send_modify(|report| {
+            report.session_held = true;
+            report.session = Some(("s".to_owned(), "m".to_owned()));
+        });
+        let woken = tokio::time::timeout(Duration::from_secs(5), endings.next())
+            .await
+            .expect("woken");
+        assert_eq!(woken, Some(key("b")));
+        let held = tasks.view(&key("b")).expect("b");
+        assert!(held.session_held);
+        assert_eq!(held.session.as_deref(), Some("s"));
+        // Stopping them all waits for each loop's end.
+        tasks.stop_all().await;
+        assert!(tasks.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_new_start_stops_the_old_loop_first() {
+        let (tasks, _endings) = tasks().await;
+        let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&stopped);
+        let (first, _a) = parts(move |stop| {
+            Box::pin(async move {
+                stop.cancelled().await;
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            })
+        });
+        tasks.start_loop(key("a"), ("u", "h1"), None, first).await;
+        let (second, _b) = parts(|stop| {
+            Box::pin(async move {
+                stop.cancelled().await;
+                Ok(())
+            })
+        });
+        tasks.start_loop(key("a"), ("u", "h2"), None, second).await;
+        assert!(
+            stopped.load(std::sync::atomic::Ordering::SeqCst),
+            "the first loop ended before the second began"
+        );
+        assert_eq!(tasks.view(&key("a")).expect("a").inputs, "h2");
+        assert_eq!(tasks.len(), 1);
+        tasks.stop_all().await;
+    }
 }

@@ -230,3 +230,68 @@ async fn a_live_installation_switches_from_pods_to_the_manager_and_back_with_job
     pods.stop().await;
     assert!(executor.errors().is_empty(), "{:?}", executor.errors());
 }
+
+#[tokio::test]
+async fn a_set_whose_credentials_break_never_holds_up_another_set() {
+    let env = Env::with_fake(
+        "lm-isolated",
+        fake_actions_service::Config {
+            strict: Some(fake_actions_service::StrictAuth {
+                pats: vec!["ghp_test".to_owned(), "ghp_other".to_owned()],
+                apps: Vec::new(),
+            }),
+            ..fake_actions_service::Config::default()
+        },
+    )
+    .await;
+    let other = "other-credentials";
+    let put_other = |token: &'static str| {
+        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = env.ctx.api();
+        async move {
+            let secret = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": other},
+                "stringData": {"github_token": token},
+            });
+            secrets
+                .patch(
+                    other,
+                    &kube::api::PatchParams::apply("test").force(),
+                    &kube::api::Patch::Apply(&secret),
+                )
+                .await
+                .expect("apply the other credentials");
+        }
+    };
+    put_other("ghp_other").await;
+    let mut options = env.options();
+    options.listener.mode = ListenerMode::Manager;
+    let manager = env.start(options);
+    env.create_runner_set("good", env.runner_set_spec()).await;
+    let mut broken = env.runner_set_spec();
+    broken.github_config_secret = other.to_owned();
+    env.create_runner_set("broken", broken).await;
+    wait_served(&env, "good").await;
+    wait_served(&env, "broken").await;
+
+    // The other set's token is revoked: its loop restarts with it and cannot hold a session.
+    put_other("ghp_revoked").await;
+    env.eventually("broken: ListenerReady=False", || async {
+        env.condition("broken", "ListenerReady")
+            .await
+            .filter(|c| c.status == "False")
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    enqueue(&env, "good", 2);
+    wait_replicas(&env, "good", 2).await;
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "the healthy set scaled {took:?} after its jobs, beside a failing one"
+    );
+    let good = env.condition("good", "ListenerReady").await;
+    assert_eq!(good.map(|c| c.status).as_deref(), Some("True"));
+    manager.stop().await;
+}
