@@ -307,7 +307,8 @@ pub fn runner_set_of_runner(runner: &EphemeralRunner) -> Option<ObjectRef<Autosc
 /// the cache are dropped once the memory grows).
 ///
 /// A pod that becomes blocked by the clock alone ([`crate::options::PENDING_TOO_LONG`]) brings no event: the set's pass
-/// requeues itself for that moment ([`pending_deadline`]). Pods still `Pending` are remembered too, so that one leaving `Pending` after that time
+/// requeues itself for that moment ([`pending_deadline`]), so a pod first seen `Pending` brings its set back once,
+/// for a pass that sees it. Pods still `Pending` are remembered too, so that one leaving `Pending` after that time
 /// brings its set back at once (it may show the pod as blocked).
 pub fn blockage_changes(
     runners: impl Stream<Item = Arc<EphemeralRunner>> + Send + 'static,
@@ -369,7 +370,10 @@ fn blockage_changes_by(
             if let Seen::Pod(pod) = &seen {
                 let key = (namespace.clone(), name.clone());
                 if is_pending(pod) && !now_blocked {
-                    memory.pending.insert(key);
+                    // A pod first seen `Pending`: the set's pass schedules its look at the pod's deadline, which
+                    // only a pass that sees the pod can (the pass the runner's creation brought may have come
+                    // before the pod reached the cache).
+                    changed |= memory.pending.insert(key);
                 } else if memory.pending.remove(&key) && !now_blocked {
                     // It left `Pending`; past the limit, the set may have counted it by the clock.
                     changed |= pod
@@ -795,12 +799,13 @@ mod tests {
         let limit = i64::try_from(PENDING_TOO_LONG.as_secs() / 60).unwrap();
         // Each event at its minute.
         let events = [
-            // Pending from minute 0 (young), counted by the clock past the limit (no event then), Running at
-            // limit + 5: the set looks again.
+            // Pending from minute 0 (young: the set looks once, to schedule its look at the deadline), counted by
+            // the clock past the limit (no event then), Running at limit + 5: the set looks again.
             (pod("set-runner-a", "Pending"), 0),
+            (pod("set-runner-a", "Pending"), 1),
             (pod("set-runner-a", "Running"), limit + 5),
             (pod("set-runner-a", "Running"), limit + 6),
-            // A pod that starts before the limit was never counted: no need to look.
+            // A pod that starts before the limit was never counted: no need to look again.
             (pod("set-runner-b", "Pending"), 0),
             (pod("set-runner-b", "Running"), 1),
         ];
@@ -812,6 +817,7 @@ mod tests {
             blockage_changes_by(stream::empty(), pods, store, clock, PENDING_TOO_LONG)
                 .collect()
                 .await;
-        assert_eq!(sets, vec![ObjectRef::new("set").within("ns")]);
+        let set = ObjectRef::new("set").within("ns");
+        assert_eq!(sets, vec![set.clone(), set.clone(), set]);
     }
 }
