@@ -9,6 +9,7 @@
 //! (the last poll time, figures, an error's text) at most every [`Timing::heartbeat`]. A failed write never
 //! holds up the loop: the publisher retries on its own.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actions_client::Statistics;
@@ -21,8 +22,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
-use std::sync::Arc;
-
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 

@@ -36,8 +36,12 @@ const EARLIER_PROCESS_SLACK: Duration = Duration::from_secs(5);
 pub enum ListenerHost<'a> {
     /// In its pod (ARC's way), from the cache.
     Pod(Option<&'a Pod>),
-    /// As a loop of this manager (the manager's listener mode), if one was started.
-    Manager(Option<&'a TaskView>),
+    /// As a loop of this manager (the manager's listener mode), if one was started; `pod`: the manager's pod,
+    /// whose log carries the loop's.
+    Manager {
+        task: Option<&'a TaskView>,
+        pod: &'a str,
+    },
 }
 
 /// What the verdict is about.
@@ -113,15 +117,10 @@ pub fn judge_listener(view: &ListenerView<'_>, now: Timestamp) -> ListenerVerdic
             "the listener pod",
             format!("kubectl -n {namespace} logs {name}"),
         ),
-        ListenerHost::Manager(_) => {
-            let manager = std::env::var("HOSTNAME").unwrap_or_else(|_| "<manager pod>".to_owned());
-            (
-                "the listener's loop in the manager",
-                format!(
-                    "kubectl -n {namespace} logs {manager}, lines with listener={namespace}/{name}"
-                ),
-            )
-        }
+        ListenerHost::Manager { pod, .. } => (
+            "the listener's loop in the manager",
+            format!("kubectl -n {namespace} logs {pod}, lines with listener={namespace}/{name}"),
+        ),
     };
     if let Some(failures) = &status.pod_failures {
         let next = failures
@@ -131,7 +130,7 @@ pub fn judge_listener(view: &ListenerView<'_>, now: Timestamp) -> ListenerVerdic
             .unwrap_or_default();
         let what = match view.host {
             ListenerHost::Pod(_) => format!("{subject} {}", failures.last),
-            ListenerHost::Manager(_) => format!("{subject} failed: {}", failures.last),
+            ListenerHost::Manager { .. } => format!("{subject} failed: {}", failures.last),
         };
         return ListenerVerdict::now(Err(Finding::new(
             "ListenerFailing",
@@ -143,7 +142,7 @@ pub fn judge_listener(view: &ListenerView<'_>, now: Timestamp) -> ListenerVerdic
     }
     let state = match view.host {
         ListenerHost::Pod(pod) => pod.map(pod_state),
-        ListenerHost::Manager(task) => task.map(|task| match &task.ended {
+        ListenerHost::Manager { task, .. } => task.map(|task| match &task.ended {
             Some(Ended::Failed(why)) => PodState::Failed(format!("ended: {why}")),
             _ => PodState::Running(Some(task.started)),
         }),

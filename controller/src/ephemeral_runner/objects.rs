@@ -107,10 +107,8 @@ impl RunnerObjects {
 
     /// The registration the JIT Secret records, from the API server (0: no Secret, or none readable in it).
     pub async fn secret_registration(&self) -> Result<i64> {
-        Ok(read_secret(&self.client, &self.namespace, &self.name)
-            .await?
-            .and_then(|secret| read_jit_identity(&secret).ok())
-            .map_or(0, |identity| identity.runner_id))
+        let (_, identity) = self.read_jit_secret().await?;
+        Ok(identity.map_or(0, |identity| identity.runner_id))
     }
 
     /// Asks for the runner's deletion (idempotent: the object is gone or going either way).

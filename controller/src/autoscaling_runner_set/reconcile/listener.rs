@@ -124,8 +124,13 @@ impl Step<'_> {
         }
         let pod = self.ctx.listener_pod(&name);
         let task = self.ctx.listener_task(&name);
+        // The manager's pod (its log carries the loops'), named in the condition's message.
+        let manager_pod = std::env::var("HOSTNAME").unwrap_or_else(|_| "<manager pod>".to_owned());
         let host = match &self.ctx.base.listener_tasks {
-            Some(_) => ListenerHost::Manager(task.as_ref()),
+            Some(_) => ListenerHost::Manager {
+                task: task.as_ref(),
+                pod: &manager_pod,
+            },
             None => ListenerHost::Pod(pod.as_deref()),
         };
         let credentials = format!(

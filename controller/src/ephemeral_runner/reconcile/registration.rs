@@ -173,18 +173,14 @@ impl Step<'_> {
         identity: Option<&JitIdentity>,
         secret_registration: i64,
     ) -> Result<Removal> {
-        let (removal, runner_id) = self.deregister_idle(identity).await?;
+        let registrations = self.registrations().await?;
+        let (removal, runner_id) = registrations.remove_idle(identity).await?;
         if removal == Removal::JobStillRunning {
             return Ok(removal);
         }
         if secret_registration != 0
             && secret_registration != runner_id
-            && self
-                .registrations()
-                .await?
-                .remove(secret_registration)
-                .await?
-                == Removal::JobStillRunning
+            && registrations.remove(secret_registration).await? == Removal::JobStillRunning
         {
             return Ok(Removal::JobStillRunning);
         }
