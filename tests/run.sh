@@ -15,8 +15,14 @@ step() { printf '\n==> %s\n' "$*"; }
 disk() {
   local target="${CARGO_TARGET_DIR:-target}"
   mkdir -p "$target"
+  local paths=() path
+  # A fresh machine may have no cache directory yet (provisioning makes it): df fails on a missing path, and under
+  # `set -o pipefail` that would end the run before its first step.
+  for path in "$target" "${TMPDIR:-/tmp}" "${XDG_CACHE_HOME:-$HOME/.cache}"; do
+    [ -e "$path" ] && paths+=("$path")
+  done
   echo "disk ($1):"
-  df -hP "$target" "${TMPDIR:-/tmp}" "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null | awk 'NR == 1 || !seen[$1]++'
+  df -hP "${paths[@]}" | awk 'NR == 1 || !seen[$1]++'
 }
 
 if [ "${CI:-}" = true ]; then
