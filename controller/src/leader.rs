@@ -18,10 +18,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
@@ -190,7 +192,17 @@ impl LeaderElector {
     }
 
     /// Waits until this candidate leads. `false` when `shutdown` fired first.
+    ///
+    /// Between attempts it watches the Lease: a leader that releases it (a SIGTERM, a rolling update) is followed
+    /// one round trip later, not up to a retry period later, which is most of a hand-over of the listeners'
+    /// sessions (docs/listener-modes.md). An expiry brings no event, so the retry period still paces the rest.
     pub async fn acquire(&self, shutdown: &CancellationToken) -> bool {
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        let mut changes = std::pin::pin!(
+            watcher(self.api.clone(), config)
+                .default_backoff()
+                .applied_objects()
+        );
         loop {
             match self.attempt(self.timing.renew_deadline).await {
                 Ok(true) => {
@@ -203,6 +215,7 @@ impl LeaderElector {
             tokio::select! {
                 () = shutdown.cancelled() => return false,
                 () = tokio::time::sleep(self.timing.retry_period) => {}
+                () = freed(&mut changes, &self.identity) => {}
             }
         }
     }
@@ -312,6 +325,22 @@ impl LeaderElector {
             tracing::warn!(%error, "releasing the leader Lease failed; it expires by itself");
         }
     }
+}
+
+/// Resolves once a change of the Lease shows that `identity` may take it (its holder released it). A failing
+/// watch resolves nothing: the retry period paces the attempts then, as without the watch.
+async fn freed<S>(changes: &mut S, identity: &str)
+where
+    S: Stream<Item = std::result::Result<Lease, watcher::Error>> + Unpin,
+{
+    while let Some(change) = changes.next().await {
+        if let Ok(lease) = change
+            && may_acquire(lease.spec.as_ref(), identity, Timestamp::now())
+        {
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 #[cfg(test)]
