@@ -71,6 +71,11 @@ step "cargo test"
 # Everything is built first, so the two lanes only run tests. --no-fail-fast: one run shows every failing test
 # binary, not just the first.
 cargo test --workspace --locked --no-run
+# Four tests at a time in each test binary, not one per core: the control-plane suites mostly wait (a condition
+# to appear, a quiet period to pass with nothing written: `bad_input`'s 26 tests took 152 s in pairs, 8 s of each
+# a deliberate wait), so twice the tests side by side cut the lanes' time while the two cores stay the bound.
+# The suites that measure take turns inside their binary (`bench`'s lock, the real-node tier's one node).
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 # The waiting lane names its test targets (`real_node` is in two crates) but still selects the whole workspace,
 # so cargo resolves features exactly as for the lane above and reuses its build (a narrower `-p` selection
 # would rebuild dependencies).
@@ -82,17 +87,19 @@ waiting_log="$(mktemp)"
 waiting_pid=$!
 tests=0
 cargo test --workspace --locked --no-fail-fast "$@" || tests=1
+# The end-to-end scale-set suite once more with github.com's direct job assignment (jobs arrive assigned, nothing
+# is acquired); above it ran GHES's acquire flow but for the tests that ask for direct assignment themselves. It
+# runs in this lane, beside the waiting one, which takes longer (the real-node tier slows down under this lane's
+# load): after both it added its 3 minutes to every run.
+step "cargo test: the end-to-end scale-set suite with direct job assignment"
+direct=0
+E2E_JOB_DELIVERY=direct cargo test --workspace --locked --no-fail-fast --test scale_set "$@" || direct=1
 waiting=0
 wait "$waiting_pid" || waiting=1
 step "cargo test: the waiting lane (real-node tier, served conditions)"
 cat "$waiting_log"
 rm -f "$waiting_log"
 disk "after the tests"
-# The end-to-end scale-set suite once more with github.com's direct job assignment (jobs arrive assigned, nothing
-# is acquired); above it ran GHES's acquire flow but for the tests that ask for direct assignment themselves.
-step "cargo test: the end-to-end scale-set suite with direct job assignment"
-direct=0
-E2E_JOB_DELIVERY=direct cargo test --workspace --locked --no-fail-fast --test scale_set "$@" || direct=1
 if [ "$tests" != 0 ] || [ "$waiting" != 0 ] || [ "$direct" != 0 ]; then
   echo "error: tests failed (workspace lane: $tests, waiting lane: $waiting, direct assignment: $direct; 0 = passed)" >&2
   exit 1

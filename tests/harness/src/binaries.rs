@@ -36,25 +36,6 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
     )
 }
 
-/// Builds (if needed) shipped binary `bin` of `package` ([`SHIPPED_BINARIES`]) exactly as the Dockerfile builds it
-/// (the `dist` profile), whatever profile the caller is built in, and returns its path; with
-/// [`PREBUILT_BIN_DIR_ENV`] set, the binary of that name in that directory instead. For tests that run what the
-/// image ships (the real-node tier's project image).
-pub fn shipped_binary(package: &str, bin: &str) -> Result<PathBuf, Error> {
-    if let Some(prebuilt) = prebuilt_binary(std::env::var_os(PREBUILT_BIN_DIR_ENV), bin) {
-        return prebuilt;
-    }
-    if !SHIPPED_BINARIES.contains(&(package, bin)) {
-        return Err(Error::BuildBinary {
-            package: package.to_owned(),
-            bin: bin.to_owned(),
-            stderr: "not one of the binaries the image ships".to_owned(),
-        });
-    }
-    // What a benchmark (a release caller) gets.
-    build_once(package, bin, build_args(package, bin, false))
-}
-
 /// Runs `cargo` with `args` (a build with JSON messages) once per process for each distinct `args`, and returns
 /// where it put binary `bin` of `package`; concurrent callers wait for the build.
 fn build_once(package: &str, bin: &str, args: Vec<&'static str>) -> Result<PathBuf, Error> {

@@ -37,7 +37,7 @@ pub fn keep_logs() -> bool {
 }
 
 pub use assets::{K8S_VERSION, PROVISION_COMMAND, assets_dir, binary};
-pub use binaries::{shipped_binary, workspace_binary};
+pub use binaries::workspace_binary;
 pub use control_plane::{ApiServerRestart, ControlPlane};
 pub use crds::{FIELD_MANAGER, apply_crds};
 pub use executor::{LISTENER_POD_SELECTOR, ListenerExecutor};
