@@ -52,16 +52,33 @@ impl Default for LeaseTiming {
 
 /// Whether `identity` may take (or keep) a Lease with this spec at `now`.
 pub fn may_acquire(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> bool {
-    let Some(spec) = spec else { return true };
+    match held_until(spec, identity) {
+        Held::Free => true,
+        Held::Until(expiry) => expiry < now,
+    }
+}
+
+/// Who may take a Lease, and from when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// `identity` may take it now (none yet, released, its own, or never renewed).
+    Free,
+    /// Another holder's: free once this instant is past (`renewTime + leaseDurationSeconds`).
+    Until(Timestamp),
+}
+
+/// Until when a Lease with this spec keeps `identity` out.
+pub fn held_until(spec: Option<&LeaseSpec>, identity: &str) -> Held {
+    let Some(spec) = spec else { return Held::Free };
     match spec.holder_identity.as_deref() {
-        None | Some("") => true,
-        Some(holder) if holder == identity => true,
+        None | Some("") => Held::Free,
+        Some(holder) if holder == identity => Held::Free,
         Some(_) => {
             let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-                return true;
+                return Held::Free;
             };
             let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0).max(0));
-            renewed.0 + SignedDuration::from_secs(duration) < now
+            Held::Until(renewed.0 + SignedDuration::from_secs(duration))
         }
     }
 }
@@ -194,8 +211,9 @@ impl LeaderElector {
     /// Waits until this candidate leads. `false` when `shutdown` fired first.
     ///
     /// Between attempts it watches the Lease: a leader that releases it (a SIGTERM, a rolling update) is followed
-    /// one round trip later, not up to a retry period later, which is most of a hand-over of the listeners'
-    /// sessions (docs/listener-modes.md). An expiry brings no event, so the retry period still paces the rest.
+    /// one round trip later, and one that died (a SIGKILL, a lost node) the moment its last renewal expires, not
+    /// up to a retry period later; either wait was most of a hand-over of the listeners' sessions
+    /// (docs/listener-modes.md). Without the watch the retry period paces the attempts.
     pub async fn acquire(&self, shutdown: &CancellationToken) -> bool {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let mut changes = std::pin::pin!(
@@ -203,6 +221,9 @@ impl LeaderElector {
                 .default_backoff()
                 .applied_objects()
         );
+        // When the holder's last renewal seen expires: a dead holder's last renewal brings no event after it, so
+        // it is remembered across attempts.
+        let mut expiry = None;
         loop {
             match self.attempt(self.timing.renew_deadline).await {
                 Ok(true) => {
@@ -215,7 +236,7 @@ impl LeaderElector {
             tokio::select! {
                 () = shutdown.cancelled() => return false,
                 () = tokio::time::sleep(self.timing.retry_period) => {}
-                () = freed(&mut changes, &self.identity) => {}
+                () = freed(&mut changes, &self.identity, &mut expiry) => {}
             }
         }
     }
@@ -327,20 +348,52 @@ impl LeaderElector {
     }
 }
 
-/// Resolves once a change of the Lease shows that `identity` may take it (its holder released it). A failing
-/// watch resolves nothing: the retry period paces the attempts then, as without the watch.
-async fn freed<S>(changes: &mut S, identity: &str)
+/// Resolves once `identity` may take the Lease: a change shows it released, or the expiry of the holder's last
+/// renewal seen (`expiry`, updated from every change, cleared when it fires so a lost race does not spin) has
+/// passed. A failing watch brings no change: the caller's retry period paces the attempts then.
+async fn freed<S>(changes: &mut S, identity: &str, expiry: &mut Option<Timestamp>)
 where
     S: Stream<Item = std::result::Result<Lease, watcher::Error>> + Unpin,
 {
-    while let Some(change) = changes.next().await {
-        if let Ok(lease) = change
-            && may_acquire(lease.spec.as_ref(), identity, Timestamp::now())
-        {
-            return;
+    loop {
+        let at = *expiry;
+        let expired = async {
+            match at {
+                // Just past it: `may_acquire` wants the expiry strictly behind.
+                Some(at) => tokio::time::sleep(until(at) + EXPIRY_MARGIN).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            change = changes.next() => match change {
+                Some(Ok(lease)) => match held_until(lease.spec.as_ref(), identity) {
+                    Held::Free => return,
+                    Held::Until(at) => *expiry = Some(at),
+                },
+                Some(Err(_)) => {}
+                // Watchers never end; should this one, the expiry seen still counts.
+                None => {
+                    if let Some(at) = expiry.take() {
+                        tokio::time::sleep(until(at) + EXPIRY_MARGIN).await;
+                        return;
+                    }
+                    std::future::pending::<()>().await;
+                }
+            },
+            () = expired => {
+                *expiry = None;
+                return;
+            }
         }
     }
-    std::future::pending::<()>().await;
+}
+
+/// How long after the observed expiry an attempt goes out.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(20);
+
+/// How long from now until `at` (zero when past).
+fn until(at: Timestamp) -> Duration {
+    Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO)
 }
 
 #[cfg(test)]
@@ -383,6 +436,28 @@ mod tests {
             ..Default::default()
         };
         assert!(may_acquire(Some(&no_times), "a", now), "never renewed");
+    }
+
+    #[test]
+    fn a_held_lease_frees_when_its_last_renewal_expires() {
+        let now = Timestamp::now();
+        let held = spec(Some("b"), 5, 15);
+        let renewed = held.renew_time.as_ref().unwrap().0;
+        assert_eq!(
+            held_until(Some(&held), "a"),
+            Held::Until(renewed + SignedDuration::from_secs(15))
+        );
+        // The expiry is what `may_acquire` decides by: kept out before it, free after it.
+        assert!(!may_acquire(Some(&held), "a", now));
+        assert!(may_acquire(
+            Some(&held),
+            "a",
+            renewed + SignedDuration::from_secs(15) + SignedDuration::from_millis(1)
+        ));
+        for free in [spec(None, 0, 15), spec(Some("a"), 0, 15)] {
+            assert_eq!(held_until(Some(&free), "a"), Held::Free);
+        }
+        assert_eq!(held_until(None, "a"), Held::Free);
     }
 
     #[test]

@@ -627,6 +627,10 @@ impl ScaleSetParts {
             self.pod_store.clone(),
         ));
         let listener_ctx = Arc::new(ListenerContext {
+            client: ctx
+                .listener_tasks
+                .as_ref()
+                .map_or_else(|| ctx.client.clone(), |tasks| tasks.client()),
             base: Arc::clone(&ctx),
             pods: self.pod_store,
             namespace: self.namespace,

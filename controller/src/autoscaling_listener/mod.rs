@@ -50,6 +50,11 @@ pub fn pod_failure_delay(count: i64, min: Duration, max: Duration) -> Duration {
 pub struct ListenerContext {
     /// Shared manager context.
     pub base: Arc<Context>,
+    /// The client of this controller's own requests: in the manager's listener mode the loops' client, so a new
+    /// leader's passes that start every set's loop never queue behind a burst of runner creations for the main
+    /// client's requests in flight (they did: a set's loop started seconds after the others in a hand-over);
+    /// the main client otherwise.
+    pub client: kube::Client,
     /// Listener pods (controller namespace).
     pub pods: Store<Pod>,
     /// Controller namespace.
@@ -139,7 +144,7 @@ pub async fn run(
     rbac_namespace: Option<String>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let client = ctx.base.client.clone();
+    let client = ctx.client.clone();
     let (roles, bindings): (Api<Role>, Api<RoleBinding>) = match &rbac_namespace {
         Some(namespace) => (
             Api::namespaced(client.clone(), namespace),

@@ -161,7 +161,7 @@ struct Step<'a> {
 impl<'a> Step<'a> {
     fn new(listener: &'a AutoscalingListener, ctx: &'a ListenerContext) -> Result<Self> {
         let (name, namespace) = name_and_namespace(listener)?;
-        let client = ctx.base.client.clone();
+        let client = ctx.client.clone();
         Ok(Self {
             listener,
             ctx,
@@ -178,22 +178,22 @@ impl<'a> Step<'a> {
     }
 
     fn accounts(&self) -> Api<ServiceAccount> {
-        Api::namespaced(self.ctx.base.client.clone(), &self.namespace)
+        Api::namespaced(self.ctx.client.clone(), &self.namespace)
     }
 
     fn roles(&self) -> Api<Role> {
-        Api::namespaced(self.ctx.base.client.clone(), self.runner_set_namespace())
+        Api::namespaced(self.ctx.client.clone(), self.runner_set_namespace())
     }
 
     fn bindings(&self) -> Api<RoleBinding> {
-        Api::namespaced(self.ctx.base.client.clone(), self.runner_set_namespace())
+        Api::namespaced(self.ctx.client.clone(), self.runner_set_namespace())
     }
 
     /// The AutoscalingRunnerSet, read directly: a stale cache must never make a listener look orphaned.
     async fn runner_set(&self) -> Result<Option<AutoscalingRunnerSet>> {
         let spec = &self.listener.spec;
         let api: Api<AutoscalingRunnerSet> = Api::namespaced(
-            self.ctx.base.client.clone(),
+            self.ctx.client.clone(),
             &spec.autoscaling_runner_set_namespace,
         );
         let found = api
@@ -238,7 +238,7 @@ impl<'a> Step<'a> {
     /// older than the manager) still runs the listener, which then cannot report; the AutoscalingRunnerSet says
     /// so (`ListenerNotReporting`).
     async fn reconcile_status_rbac(&self, id: &ListenerIdentity<'_>) -> Result<()> {
-        let client = &self.ctx.base.client;
+        let client = &self.ctx.client;
         let roles: Api<Role> = Api::namespaced(client.clone(), &self.namespace);
         let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &self.namespace);
         let ensured = async {
@@ -384,7 +384,7 @@ impl<'a> Step<'a> {
             return Ok(None);
         };
         let data = crate::proxy::secret_data(
-            &self.ctx.base.client,
+            &self.ctx.client,
             self.runner_set_namespace(),
             &self.name,
             proxy,
@@ -428,7 +428,7 @@ impl<'a> Step<'a> {
         let credentials = if spec.vault_config.is_some() {
             None
         } else {
-            let secret = read_secret(&self.ctx.base.client, namespace, &spec.github_config_secret)
+            let secret = read_secret(&self.ctx.client, namespace, &spec.github_config_secret)
                 .await?
                 .ok_or_else(|| Error::CredentialsSecretMissing {
                     namespace: namespace.to_owned(),
@@ -499,7 +499,7 @@ impl<'a> Step<'a> {
                 fail("githubServerTLS.certificateFrom.configMapKeyRef is missing".into())
             })?;
         let namespace = self.runner_set_namespace();
-        let config_map = Api::<ConfigMap>::namespaced(self.ctx.base.client.clone(), namespace)
+        let config_map = Api::<ConfigMap>::namespaced(self.ctx.client.clone(), namespace)
             .get_opt(&selector.name)
             .await
             .map_err(|e| fail(format!("get ConfigMap {namespace}/{}: {e}", selector.name)))?
@@ -742,29 +742,27 @@ impl<'a> Step<'a> {
     }
 
     /// Deletes the listener pod and everything made for it (its Secrets, ServiceAccount, Roles and RoleBindings);
-    /// returns whether any was still there.
+    /// returns whether any was still there. The deletes go out together: one after the other they held a worker
+    /// of this controller for seconds under a burst, once per set when a new leader starts its loops (the
+    /// manager's listener mode), while other sets waited for a worker to start theirs.
     async fn delete_pod_objects(&self) -> Result<bool> {
-        let mut remaining = false;
-        remaining |= delete_if_present(&self.pods, &self.name, &self.namespace).await?;
+        let (config, proxy) = (
+            listener_config_secret_name(&self.name),
+            listener_proxy_secret_name(&self.name),
+        );
+        let (bindings, roles, accounts) = (self.bindings(), self.roles(), self.accounts());
+        let set_namespace = self.runner_set_namespace();
+        let (pod, config, proxy, binding, role, account) = futures::join!(
+            delete_if_present(&self.pods, &self.name, &self.namespace),
+            delete_if_present(&self.secrets, &config, &self.namespace),
+            delete_if_present(&self.secrets, &proxy, &self.namespace),
+            delete_if_present(&bindings, &self.name, set_namespace),
+            delete_if_present(&roles, &self.name, set_namespace),
+            delete_if_present(&accounts, &self.name, &self.namespace),
+        );
+        let pod = pod?;
         self.set_running(false);
-        remaining |= delete_if_present(
-            &self.secrets,
-            &listener_config_secret_name(&self.name),
-            &self.namespace,
-        )
-        .await?;
-        remaining |= delete_if_present(
-            &self.secrets,
-            &listener_proxy_secret_name(&self.name),
-            &self.namespace,
-        )
-        .await?;
-        remaining |=
-            delete_if_present(&self.bindings(), &self.name, self.runner_set_namespace()).await?;
-        remaining |=
-            delete_if_present(&self.roles(), &self.name, self.runner_set_namespace()).await?;
-        remaining |= delete_if_present(&self.accounts(), &self.name, &self.namespace).await?;
-        Ok(remaining)
+        Ok(pod | config? | proxy? | binding? | role? | account?)
     }
 }
 
