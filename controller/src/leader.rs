@@ -356,14 +356,6 @@ where
     S: Stream<Item = std::result::Result<Lease, watcher::Error>> + Unpin,
 {
     loop {
-        let at = *expiry;
-        let expired = async {
-            match at {
-                // Just past it: `may_acquire` wants the expiry strictly behind.
-                Some(at) => tokio::time::sleep(until(at) + EXPIRY_MARGIN).await,
-                None => std::future::pending::<()>().await,
-            }
-        };
         tokio::select! {
             change = changes.next() => match change {
                 Some(Ok(lease)) => match held_until(lease.spec.as_ref(), identity) {
@@ -373,18 +365,23 @@ where
                 Some(Err(_)) => {}
                 // Watchers never end; should this one, the expiry seen still counts.
                 None => {
-                    if let Some(at) = expiry.take() {
-                        tokio::time::sleep(until(at) + EXPIRY_MARGIN).await;
-                        return;
-                    }
-                    std::future::pending::<()>().await;
+                    past(expiry.take()).await;
+                    return;
                 }
             },
-            () = expired => {
+            () = past(*expiry) => {
                 *expiry = None;
                 return;
             }
         }
+    }
+}
+
+/// Resolves just past `at` (`may_acquire` wants the expiry strictly behind); never without one.
+async fn past(at: Option<Timestamp>) {
+    match at {
+        Some(at) => tokio::time::sleep(until(at) + EXPIRY_MARGIN).await,
+        None => std::future::pending().await,
     }
 }
 
