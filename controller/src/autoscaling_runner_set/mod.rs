@@ -88,6 +88,14 @@ impl RunnerSetContext {
             .is_none_or(|last| last.elapsed() >= interval)
     }
 
+    /// How long until set `key`'s next lookup falls due; `None` when none is recorded (the next pass looks up).
+    fn scale_set_check_in(&self, key: &str) -> Option<std::time::Duration> {
+        let interval = self.base.options.scale_set_check_interval;
+        self.checked()
+            .get(key)
+            .map(|last| interval.saturating_sub(last.elapsed()))
+    }
+
     /// Records the outcome of a lookup: found (check again after the interval) or not (check every pass).
     fn scale_set_checked(&self, key: &str, found: bool) {
         if found {

@@ -147,20 +147,75 @@ impl Step<'_> {
             },
             Timestamp::now(),
         );
-        // A report going stale changes the verdict without any event: look again by then.
-        let wait = verdict
-            .recheck_in
-            .map_or(options.resync_interval, |recheck| {
-                options.resync_interval.min(recheck.max(SHORT_WAIT))
-            });
-        // The status shows the scheduled minimum: look again when a window opens or closes.
-        let wait = schedule_status::next_change_in(&self.runner_set.spec, Timestamp::now())
-            .map_or(wait, |change| wait.min(change.max(SHORT_WAIT)));
-        // A runner pod still Pending counts as blocked once it has been so for the limit, which no event
-        // announces: look again at that moment, not at the next periodic pass.
-        let wait = self
-            .next_pending_deadline()
-            .map_or(wait, |deadline| wait.min(deadline.max(SHORT_WAIT)));
+        // None of these moments is announced by an event, so the pass comes back at the first of them:
+        // - a report going stale changes the verdict;
+        // - the status shows the scheduled minimum, which changes when a window opens or closes;
+        // - a runner pod still Pending counts as blocked once it has been so for the limit;
+        // - the scale set's existence check falls due (without this the check waited for whatever pass came
+        //   next, so its cadence followed the listener's reports and differed between the listener modes).
+        let now = Timestamp::now();
+        let wait = next_look(
+            options.resync_interval,
+            [
+                verdict.recheck_in,
+                schedule_status::next_change_in(&self.runner_set.spec, now),
+                self.next_pending_deadline(),
+                self.ctx.scale_set_check_in(&self.key),
+            ],
+        );
         Ok((Action::requeue(wait), verdict.outcome))
+    }
+}
+
+/// When to look at a set again: at the first of `moments` (each no sooner than [`SHORT_WAIT`], so a moment already
+/// past does not spin the pass), and at the latest after `resync`.
+fn next_look(
+    resync: std::time::Duration,
+    moments: impl IntoIterator<Item = Option<std::time::Duration>>,
+) -> std::time::Duration {
+    moments
+        .into_iter()
+        .flatten()
+        .map(|moment| moment.max(SHORT_WAIT))
+        .fold(resync, std::cmp::Ord::min)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::{SHORT_WAIT, next_look};
+
+    #[test]
+    fn the_first_moment_wins_and_nothing_is_sooner_than_the_short_wait() {
+        let resync = Duration::from_secs(300);
+        assert_eq!(next_look(resync, [None, None]), resync);
+        assert_eq!(
+            next_look(
+                resync,
+                [Some(Duration::from_secs(90)), Some(Duration::from_secs(30))]
+            ),
+            Duration::from_secs(30)
+        );
+        assert_eq!(next_look(resync, [Some(Duration::ZERO)]), SHORT_WAIT);
+        assert_eq!(next_look(resync, [Some(Duration::from_secs(900))]), resync);
+    }
+
+    proptest! {
+        #[test]
+        fn never_later_than_resync_nor_sooner_than_the_short_wait(
+            resync in 1u64..1000,
+            moments in proptest::collection::vec(proptest::option::of(0u64..2000), 0..5),
+        ) {
+            let resync = Duration::from_secs(resync).max(SHORT_WAIT);
+            let look = next_look(resync, moments.iter().map(|m| m.map(Duration::from_secs)));
+            prop_assert!(look <= resync);
+            prop_assert!(look >= SHORT_WAIT);
+            for moment in moments.iter().flatten() {
+                prop_assert!(look <= Duration::from_secs(*moment).max(SHORT_WAIT));
+            }
+        }
     }
 }
