@@ -62,12 +62,13 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # `--all-targets` leaves out the suites marked `test = false` (they run in the waiting lane below): name them.
-cargo clippy --workspace --locked --test real_node --test served -- -D warnings
+cargo clippy --workspace --locked --test real_node --test served --test bench -- -D warnings
 
 step "cargo test"
 # Two lanes at once. The suites that mostly wait (the real-node tier and the harness's own node tests, which
-# take turns on one node, and the served-condition suite) are left out of `cargo test --workspace` (`test =
-# false` in their crates) and run beside it; one after the other they would add about 14 minutes to the run.
+# take turns on one node, the served-condition suite, and the CI benchmark, which counts and waits for bursts)
+# are left out of `cargo test --workspace` (`test = false` in their crates) and run beside it; one after the
+# other they would add about 18 minutes to the run.
 # Everything is built first, so the two lanes only run tests. --no-fail-fast: one run shows every failing test
 # binary, not just the first.
 cargo test --workspace --locked --no-run
@@ -79,7 +80,7 @@ export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 # The waiting lane names its test targets (`real_node` is in two crates) but still selects the whole workspace,
 # so cargo resolves features exactly as for the lane above and reuses its build (a narrower `-p` selection
 # would rebuild dependencies).
-waiting_lane=(cargo test --workspace --locked --no-fail-fast --test real_node --test served)
+waiting_lane=(cargo test --workspace --locked --no-fail-fast --test real_node --test served --test bench)
 "${waiting_lane[@]}" --no-run
 disk "after the build"
 waiting_log="$(mktemp)"
@@ -96,7 +97,7 @@ direct=0
 E2E_JOB_DELIVERY=direct cargo test --workspace --locked --no-fail-fast --test scale_set "$@" || direct=1
 waiting=0
 wait "$waiting_pid" || waiting=1
-step "cargo test: the waiting lane (real-node tier, served conditions)"
+step "cargo test: the waiting lane (real-node tier, served conditions, the CI benchmark)"
 cat "$waiting_log"
 rm -f "$waiting_log"
 disk "after the tests"
