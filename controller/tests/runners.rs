@@ -799,6 +799,69 @@ async fn a_runner_whose_job_is_over_fills_no_place_while_it_is_still_there() {
 /// down, and it idled forever. The listing names the registration the job ran under, so the set tells the two
 /// lives apart. (On the earlier main this test's listing was the name alone, as the listener wrote it then, and
 /// the runner was never removed.)
+/// The service removes an ephemeral runner's registration as the job it ran completes: a finished runner whose
+/// job the listener recorded on it and its set lists as completed, under that registration, is torn down without
+/// asking the service again (one call to GitHub fewer per job, and none between the pod's exit and the runner's
+/// deletion). One its set does not list is asked, as always.
+#[tokio::test]
+async fn a_finished_runner_its_set_lists_is_not_deregistered_again() {
+    let env = Env::new("er-released").await;
+    let manager = env.start(env.options());
+    env.create_set("arc", 2, 1).await;
+    let runners = registered(&env, 2).await;
+    for runner in &runners {
+        env.run_pod(&runner.name_any()).await;
+    }
+    // The pods' first state worth showing brings each runner's registration into its status.
+    let runners = env
+        .eventually("both registrations in the status", || async {
+            let runners = env.runners().await;
+            runners
+                .iter()
+                .all(|runner| runner_id(runner) != 0)
+                .then_some(runners)
+        })
+        .await;
+    let (listed, unlisted) = (&runners[0], &runners[1]);
+    for runner in &runners {
+        env.report_job(&runner.name_any(), "job-1").await;
+    }
+    // The listed runner's job completes: the service removes its registration, the listener lists it.
+    env.actions
+        .remove_runner(runner_id(listed))
+        .await
+        .expect("the service removes the registration");
+    let entry = format!("{}:{}", listed.name_any(), runner_id(listed));
+    listener_patch(&env, 2, 2, Some(&entry)).await;
+    wait_applied(&env).await;
+    let before = env.fake.state().count("remove_runner");
+
+    env.end_pod(&listed.name_any(), "Succeeded", Some(0), None)
+        .await;
+    env.wait_runner_gone("the listed runner gone", &listed.name_any())
+        .await;
+    assert_eq!(
+        env.fake.state().count("remove_runner"),
+        before,
+        "no removal asked for a registration the service removed with its job"
+    );
+
+    env.end_pod(&unlisted.name_any(), "Succeeded", Some(0), None)
+        .await;
+    env.wait_runner_gone("the unlisted runner gone", &unlisted.name_any())
+        .await;
+    assert_eq!(
+        env.fake.state().count("remove_runner"),
+        before + 1,
+        "the runner its set does not list is deregistered"
+    );
+    assert!(
+        !env.registered().contains(&unlisted.name_any()),
+        "its registration removed"
+    );
+    manager.stop().await;
+}
+
 #[tokio::test]
 async fn a_runner_listed_for_a_job_of_its_earlier_registration_is_scaled_down() {
     let env = Env::new("ers-relisted").await;

@@ -351,6 +351,27 @@ pub fn deregistration(
     }
 }
 
+/// Whether the service removed registration `recorded` (the one the runner's status records; 0: none) by itself,
+/// so that asking it to would only cost a call: the listener recorded a job started on that very registration
+/// (`job_started`; its write is refused when the status records another, docs/runner-lifecycle.md, "The happy
+/// path") and its set's completed-runners listing names the registration's job as completed. The service removes an
+/// ephemeral runner as the one job it ran completes. A job completion alone is not enough: an assignment the
+/// service takes back before the job starts also ends in `JobCompleted` naming the runner, and the runner stays
+/// registered (and free for another job). An entry without a registration (a listener of an earlier release)
+/// names none.
+pub fn released_with_job(
+    name: &str,
+    recorded: i64,
+    job_started: bool,
+    listing: &[crds::listing::CompletedRunner],
+) -> bool {
+    recorded != 0
+        && job_started
+        && listing
+            .iter()
+            .any(|entry| entry.name == name && entry.runner_id == recorded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -837,5 +858,21 @@ mod tests {
                 prop_assert_eq!(steps, vec![Next::Finalize]);
             }
         }
+    }
+
+    #[test]
+    fn only_a_started_job_listed_under_the_same_registration_released_it() {
+        use crds::listing::CompletedRunner;
+        let listed = [CompletedRunner::new("r", 7), CompletedRunner::new("old", 0)];
+        assert!(released_with_job("r", 7, true, &listed));
+        // The job never started on it: an assignment taken back leaves the runner registered.
+        assert!(!released_with_job("r", 7, false, &listed));
+        // Another registration of the same runner, or none recorded.
+        assert!(!released_with_job("r", 8, true, &listed));
+        assert!(!released_with_job("r", 0, true, &listed));
+        // An entry without a registration names none; another runner's entry says nothing.
+        assert!(!released_with_job("old", 3, true, &listed));
+        assert!(!released_with_job("s", 7, true, &listed));
+        assert!(!released_with_job("r", 7, true, &[]));
     }
 }

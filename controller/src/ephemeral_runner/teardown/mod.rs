@@ -14,14 +14,15 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::RunnerContext;
 use super::facts::{in_teardown, known_identity, may_have_left_with_job};
 use super::lifecycle::{
     Teardown, TeardownEnd, TeardownFacts, after_deregistration, deregistration, plan_teardown,
+    released_with_job,
 };
 use super::step::{RUNNER_FINALIZERS, Step};
+use super::{RunnerContext, observe};
 use crate::actions::{Removal, credentials_gone};
-use crate::completions::owner_set_key;
+use crate::completions::{listing, owner_set_key};
 use crate::error::{Error, Result};
 use crate::kubeutil::has_finalizer;
 use crate::metrics::teardown_stage;
@@ -189,7 +190,7 @@ impl Step<'_> {
     /// way out (docs/metrics.md, the `deregister` stage); a registration only the Secret records goes after.
     pub(super) async fn deregister(&self) -> Result<Removal> {
         let (uid, recorded) = (&self.objects.uid, self.status().runner_id);
-        if recorded == 0 || self.memory.was_deregistered(uid, recorded) {
+        if recorded == 0 || self.removed_already(recorded) {
             return self.deregister_in_turn(recorded).await;
         }
         let Ok(registrations) = self.registrations().await else {
@@ -208,14 +209,29 @@ impl Step<'_> {
         registrations.remove_all(plan.remove).await
     }
 
+    /// Whether registration `id` is gone without asking: this process removed it, or the service did as the job
+    /// that ran on it completed ([`released_with_job`]; one call to GitHub fewer per finished runner, and the
+    /// only one left between a finished runner's exit and its deletion once its set lists the job).
+    fn removed_already(&self, id: i64) -> bool {
+        let status = self.status();
+        self.memory.was_deregistered(&self.objects.uid, id)
+            || (id == status.runner_id
+                && observe::owner_set(self.runner, &self.ctx.stores).is_some_and(|set| {
+                    released_with_job(
+                        &self.objects.name,
+                        id,
+                        status.has_job(),
+                        &listing(set.annotations()),
+                    )
+                }))
+    }
+
     /// [`Step::deregister`] one step after the other: the Secret read, then the registrations removed. For a
     /// runner whose status records no registration (or one removed already), or whose service client cannot be
     /// made.
     async fn deregister_in_turn(&self, recorded: i64) -> Result<Removal> {
         let in_secret = self.secret_registration(recorded).await?;
-        let plan = deregistration(recorded, in_secret, |id| {
-            self.memory.was_deregistered(&self.objects.uid, id)
-        });
+        let plan = deregistration(recorded, in_secret, |id| self.removed_already(id));
         if plan.remove.is_empty() && !plan.look_up_by_name {
             return Ok(Removal::Removed);
         }
