@@ -282,7 +282,10 @@ async fn a_manager_killed_mid_flight_and_restarted_loses_no_job() {
         "e2e-restart",
         assigned_directly(WorldConfig {
             simulator: SimulatorConfig {
-                job_duration: Duration::from_secs(3),
+                // Long enough that four jobs run at once between two looks: with 3 s jobs all twenty started
+                // and finished in waves the looks never caught four of (seen once in a fresh-clone run), and the
+                // manager was then killed with nothing in flight.
+                job_duration: Duration::from_secs(10),
                 ..SimulatorConfig::default()
             },
             ..WorldConfig::default()

@@ -210,20 +210,23 @@ impl Step<'_> {
     }
 
     /// Whether registration `id` is gone without asking: this process removed it, or the service did as the job
-    /// that ran on it completed ([`released_with_job`]; one call to GitHub fewer per finished runner, and the
-    /// only one left between a finished runner's exit and its deletion once its set lists the job).
+    /// that ran on it completed ([`released_with_job`]): one call to GitHub fewer per finished runner, and one
+    /// round trip fewer between its exit and its deletion.
     fn removed_already(&self, id: i64) -> bool {
-        let status = self.status();
-        self.memory.was_deregistered(&self.objects.uid, id)
-            || (id == status.runner_id
-                && observe::owner_set(self.runner, &self.ctx.stores).is_some_and(|set| {
-                    released_with_job(
-                        &self.objects.name,
-                        id,
-                        status.has_job(),
-                        &listing(set.annotations()),
-                    )
-                }))
+        if self.memory.was_deregistered(&self.objects.uid, id) {
+            return true;
+        }
+        let Some(status) = self.runner.status.as_ref().filter(|s| s.runner_id == id) else {
+            return false;
+        };
+        observe::owner_set(self.runner, &self.ctx.stores).is_some_and(|set| {
+            released_with_job(
+                &self.objects.name,
+                id,
+                status.has_job(),
+                &listing(set.annotations()),
+            )
+        })
     }
 
     /// [`Step::deregister`] one step after the other: the Secret read, then the registrations removed. For a
