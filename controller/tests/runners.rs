@@ -792,13 +792,6 @@ async fn a_runner_whose_job_is_over_fills_no_place_while_it_is_still_there() {
     manager.stop().await;
 }
 
-/// Defect found by the chaos run: an idle runner's pod was taken away in the very moment the service gave it a job
-/// that then failed at once. Its registration was removed (the job was already over, so the service agreed), the
-/// runner registered again and got a new pod, and the listener listed the runner as completed. The set, reading
-/// the listing by name, counted the runner's new, idle life as finishing: with the target at 0 it never scaled it
-/// down, and it idled forever. The listing names the registration the job ran under, so the set tells the two
-/// lives apart. (On the earlier main this test's listing was the name alone, as the listener wrote it then, and
-/// the runner was never removed.)
 /// The service removes an ephemeral runner's registration as the job it ran completes: a finished runner whose
 /// job the listener recorded on it and its set lists as completed, under that registration, is torn down without
 /// asking the service again (one call to GitHub fewer per job, and none between the pod's exit and the runner's
@@ -862,6 +855,13 @@ async fn a_finished_runner_its_set_lists_is_not_deregistered_again() {
     manager.stop().await;
 }
 
+/// Defect found by the chaos run: an idle runner's pod was taken away in the very moment the service gave it a job
+/// that then failed at once. Its registration was removed (the job was already over, so the service agreed), the
+/// runner registered again and got a new pod, and the listener listed the runner as completed. The set, reading
+/// the listing by name, counted the runner's new, idle life as finishing: with the target at 0 it never scaled it
+/// down, and it idled forever. The listing names the registration the job ran under, so the set tells the two
+/// lives apart. (On the earlier main this test's listing was the name alone, as the listener wrote it then, and
+/// the runner was never removed.)
 #[tokio::test]
 async fn a_runner_listed_for_a_job_of_its_earlier_registration_is_scaled_down() {
     let env = Env::new("ers-relisted").await;

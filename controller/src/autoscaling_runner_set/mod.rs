@@ -82,10 +82,8 @@ impl RunnerSetContext {
     /// Whether set `key`'s scale set should be looked up again (never looked up by this process, or longer
     /// ago than the check interval).
     fn scale_set_check_due(&self, key: &str) -> bool {
-        let interval = self.base.options.scale_set_check_interval;
-        self.checked()
-            .get(key)
-            .is_none_or(|last| last.elapsed() >= interval)
+        self.scale_set_check_in(key)
+            .is_none_or(|left| left.is_zero())
     }
 
     /// How long until set `key`'s next lookup falls due; `None` when none is recorded (the next pass looks up).
