@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Args, kube_client};
 use crate::error::{Error, Result};
+use crate::inflight::{InFlightBudget, Lane};
 use crate::leader::{LeaderElector, LeaseTiming};
 use crate::manager::Manager;
 use crate::options::{LEASE_CLIENT_BURST, LEASE_CLIENT_QPS};
@@ -26,19 +27,23 @@ pub async fn run(args: &Args) -> Result<()> {
     let health_addr = args
         .health_address()
         .map_err(invalid("health-probe-bind-address"))?;
+    // The main client and runner teardown's share one budget of requests in flight; teardown has a client of its
+    // own, with a rate bucket of the same size, so deleting a finished runner never waits behind a burst of
+    // creations, neither for rate nor for a place in the budget (docs/manager-configuration.md says how this
+    // compares with ARC's per-client limits).
+    let budget = (args.k8s_client_max_in_flight > 0)
+        .then(|| InFlightBudget::new(args.k8s_client_max_in_flight));
+    let lane = |lane| budget.as_ref().map(|budget| budget.layer(lane));
     let client = kube_client(
         args.k8s_client_rate_limiter_qps,
         args.k8s_client_rate_limiter_burst,
-        args.k8s_client_max_in_flight,
+        lane(Lane::Main),
     )
     .await?;
-    // Runner teardown gets a client of its own, with a bucket of the same size: deleting a finished runner never
-    // waits behind a burst of creations for request budget (docs/manager-configuration.md says how this
-    // compares with ARC's per-client limits).
     let teardown_client = kube_client(
         args.k8s_client_rate_limiter_qps,
         args.k8s_client_rate_limiter_burst,
-        0,
+        lane(Lane::Teardown),
     )
     .await?;
     let mut options = args.options();
@@ -48,7 +53,7 @@ pub async fn run(args: &Args) -> Result<()> {
     let listener_client = kube_client(
         args.k8s_client_rate_limiter_qps,
         args.k8s_client_rate_limiter_burst,
-        0,
+        None,
     )
     .await?;
     let manager = Manager::new(client.clone(), options)
@@ -74,7 +79,7 @@ pub async fn run(args: &Args) -> Result<()> {
         .collect();
     // The Lease is renewed on a client of its own: behind a burst's requests on the shared client's rate limit
     // and concurrency, a renewal could wait past the renew deadline while the API server answers fine.
-    let lease_client = kube_client(LEASE_CLIENT_QPS, LEASE_CLIENT_BURST, 0).await?;
+    let lease_client = kube_client(LEASE_CLIENT_QPS, LEASE_CLIENT_BURST, None).await?;
     let result = match leader_elector(args, &lease_client) {
         None => manager.run(shutdown.clone()).await,
         Some(elector) => run_as_leader(manager, &elector, &shutdown).await,

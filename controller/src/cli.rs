@@ -9,6 +9,7 @@ use kube::Client;
 use kube::client::ClientBuilder;
 
 use crate::error::{Error, Result};
+use crate::inflight::InFlightLayer;
 use crate::options::{ListenerMode, ListenerSettings, Options, RunnerPolicy, ScaleDownPolicy};
 use crate::ratelimit::RateLimitLayer;
 use crate::server::parse_bind_address;
@@ -111,13 +112,14 @@ pub struct Args {
     #[arg(long, alias = "kube-api-burst", default_value_t = 100)]
     pub k8s_client_rate_limiter_burst: u32,
 
-    /// Most requests of the main client (everything but runner teardown) waiting for the API server's answer at
-    /// once (0: no limit; watches count only until their stream opens). Not in ARC. A rate cannot tell a busy API
-    /// server from an idle one: at 400/s a two-core control plane queued every request, teardown's included (p99
-    /// 4.6–8.6 s from a runner's finish to its removal in 500-job bursts), while 240/s left it idle part of the
-    /// time. With at most 8 requests waiting, the main lane sends as fast as the server answers and no faster:
-    /// 36–42 jobs/s against 33 at 240/s, and the teardown's own requests (its client has no such limit) still
-    /// find a short queue (p99 0.45–1.08 s) (docs/benchmarks.md).
+    /// Most requests waiting for the API server's answer at once (0: no limit; watches count only until their
+    /// stream opens). Not in ARC. A rate cannot tell a busy API server from an idle one: at 400/s a two-core control
+    /// plane queued every request, teardown's included (p99 4.6–8.6 s from a runner's finish to its removal in
+    /// 500-job bursts), while 240/s left it idle part of the time. With at most 8 requests waiting, the main client
+    /// sends as fast as the server answers and no faster (36–42 jobs/s against 33 at 240/s). Runner teardown never
+    /// waits for room, but each of its requests out takes a place the main client waits for (down to a quarter of
+    /// the budget), so a finished runner's deletes do not queue behind a burst's creations in the server
+    /// (docs/benchmarks.md).
     #[arg(long, default_value_t = 8)]
     pub k8s_client_max_in_flight: usize,
 
@@ -318,21 +320,18 @@ impl Args {
     }
 }
 
-/// A Kubernetes client from the environment (in-cluster or kubeconfig), rate limited as the flags say, with at
-/// most `max_in_flight` requests waiting for answers (0: no limit).
-pub async fn kube_client(qps: f64, burst: u32, max_in_flight: usize) -> Result<Client> {
+/// A Kubernetes client from the environment (in-cluster or kubeconfig), rate limited as the flags say, its
+/// requests waiting for answers counted in a shared budget when `in_flight` is given ([`crate::inflight`]).
+pub async fn kube_client(qps: f64, burst: u32, in_flight: Option<InFlightLayer>) -> Result<Client> {
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::BuildKubeClient(Box::new(kube::Error::InferConfig(e))))?;
     let builder =
         ClientBuilder::try_from(config).map_err(|e| Error::BuildKubeClient(Box::new(e)))?;
     let builder = builder.with_layer(&RateLimitLayer::new(qps, burst));
-    Ok(if max_in_flight > 0 {
-        builder
-            .with_layer(&tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
-            .build()
-    } else {
-        builder.build()
+    Ok(match in_flight {
+        Some(layer) => builder.with_layer(&layer).build(),
+        None => builder.build(),
     })
 }
 

@@ -29,6 +29,7 @@ pub mod ephemeral_runner_set;
 pub mod error;
 pub mod fair;
 pub mod hash;
+pub mod inflight;
 pub mod kubeutil;
 pub mod labels;
 pub mod leader;
