@@ -596,6 +596,10 @@ pub struct TeardownStages {
     /// Job finished → the runner container's exit written to the pod's status (the simulated kubelet, part of
     /// the benchmark: its status writes queue behind the burst's like a real kubelet's).
     pub exit_written: Percentiles,
+    /// Exit written → that write's watch event on the simulated kubelet's own pod watch: what one watch hop takes
+    /// under the run's load. `deletion_requested` holds two such hops (the pod's event on its way to the manager,
+    /// the runner's deletion on its way back to the benchmark) beside the manager's own time.
+    pub exit_event: Percentiles,
     /// Exit written → the EphemeralRunner seen with a deletion timestamp on the benchmark's own watch: the pod's
     /// watch event reaching the manager, the teardown lane's queue, its `DELETE`, and that change's watch event.
     pub deletion_requested: Percentiles,
@@ -699,7 +703,8 @@ pub fn manager_teardown_stages(metrics: &str) -> BTreeMap<String, HistogramQuant
 pub(crate) fn teardown_stages(world: &World, runners: &RunnerWatch) -> TeardownStages {
     let requested = runners.deletion_requested();
     let deleted = runners.deleted();
-    let (mut exit_written, mut deletion_requested, mut gone) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut exit_written, mut exit_event, mut deletion_requested, mut gone) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let between = |from: Option<Instant>, to: Option<Instant>| {
         from.zip(to)
             .map(|(from, to)| to.saturating_duration_since(from).as_secs_f64())
@@ -714,11 +719,13 @@ pub(crate) fn teardown_stages(world: &World, runners: &RunnerWatch) -> TeardownS
             .zip(deleted.get(&pod.name).copied())
             .map(|(pod_gone, runner_gone)| pod_gone.max(runner_gone));
         exit_written.extend(between(pod.job_finished_at, pod.exited_at));
+        exit_event.extend(between(pod.exited_at, pod.exit_seen_at));
         deletion_requested.extend(between(pod.exited_at, asked));
         gone.extend(between(asked, all_gone));
     }
     TeardownStages {
         exit_written: Percentiles::of(exit_written),
+        exit_event: Percentiles::of(exit_event),
         deletion_requested: Percentiles::of(deletion_requested),
         gone: Percentiles::of(gone),
         manager: BTreeMap::new(),
@@ -1253,6 +1260,7 @@ mod tests {
             seen_at: after(100),
             job_finished_at: finished,
             exited_at: finished.map(|at| at + Duration::from_millis(50)),
+            exit_seen_at: None,
             deleted_at: None,
             created: None,
             runner_env: BTreeMap::new(),

@@ -191,6 +191,9 @@ pub struct PodRecord {
     /// runner's teardown).
     #[serde(skip)]
     pub exited_at: Option<Instant>,
+    /// When the exit's write came back to the simulator on its own pod watch: one watch hop under the run's load.
+    #[serde(skip)]
+    pub exit_seen_at: Option<Instant>,
     /// When the simulator saw the pod deleted.
     #[serde(skip)]
     pub deleted_at: Option<Instant>,
@@ -417,6 +420,9 @@ async fn watch(shared: Arc<Shared>, pods: Api<Pod>) {
                 if pod.metadata.deletion_timestamp.is_some() {
                     on_delete(&shared, &pod);
                 } else {
+                    if runner_exited(&pod) {
+                        on_exit_seen(&shared, &pod);
+                    }
                     on_pod(&shared, pod);
                 }
             }
@@ -454,6 +460,7 @@ fn on_pod(shared: &Arc<Shared>, pod: Pod) {
                 seen_at: Some(Instant::now()),
                 job_finished_at: None,
                 exited_at: None,
+                exit_seen_at: None,
                 deleted_at: None,
                 created: pod.metadata.creation_timestamp.as_ref().map(|time| time.0),
                 runner_env: runner_env(&pod),
@@ -493,6 +500,26 @@ fn runner_env(pod: &Pod) -> BTreeMap<String, String> {
         .flat_map(|container| container.env.iter().flatten())
         .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
         .collect()
+}
+
+/// Whether the pod's status shows its runner container terminated.
+fn runner_exited(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.container_statuses.as_ref())
+        .is_some_and(|statuses| {
+            statuses.iter().any(|c| {
+                c.name == RUNNER_CONTAINER_NAME
+                    && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+            })
+        })
+}
+
+fn on_exit_seen(shared: &Shared, pod: &Pod) {
+    let uid = pod.uid().unwrap_or_default();
+    if let Some(record) = shared.book().pods.get_mut(&uid) {
+        record.exit_seen_at.get_or_insert_with(Instant::now);
+    }
 }
 
 fn on_delete(shared: &Shared, pod: &Pod) {

@@ -34,6 +34,14 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
     assert_eq!(report.completed, jobs as usize);
     assert!(report.burst_to_pods_secs.is_some(), "{report:?}");
     assert_eq!(report.finish_to_gone.samples, jobs as usize, "{report:?}");
+    // One watch hop under the run's load, the floor of the two in exit -> deletion seen: the exits seen (a watch
+    // that re-lists after a pod is gone never sees that pod's exit, hence not all).
+    let exits_seen = report.teardown_stages.exit_event.samples;
+    assert!(
+        exits_seen * 10 >= jobs as usize * 9,
+        "{exits_seen} exits seen for {jobs} runners: {:?}",
+        report.teardown_stages
+    );
     // The teardown's finer stages, from the manager's own clock: every stage of every finished runner's pass.
     for stage in controller::metrics::teardown_stage::ALL {
         let seen = report

@@ -147,6 +147,7 @@ fn print_report(r: &BenchReport) {
             "  finished -> exit written",
             &r.teardown_stages.exit_written,
         ),
+        ("  (exit -> its watch event)", &r.teardown_stages.exit_event),
         (
             "  exit -> deletion seen",
             &r.teardown_stages.deletion_requested,
