@@ -88,7 +88,8 @@ impl InFlightBudget {
     }
 
     /// Requests of each lane waiting for answers now (main, teardown).
-    pub fn in_flight(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn in_flight(&self) -> (usize, usize) {
         let counts = self.shared.counts();
         (counts.main, counts.teardown)
     }
