@@ -56,9 +56,18 @@ pub async fn run(args: &Args) -> Result<()> {
         None,
     )
     .await?;
+    // The watches open their streams outside the budget: a watch an overloaded API server closed comes back at
+    // once, not behind the controllers' queued requests (`Manager::with_watch_client`).
+    let watch_client = kube_client(
+        args.k8s_client_rate_limiter_qps,
+        args.k8s_client_rate_limiter_burst,
+        None,
+    )
+    .await?;
     let manager = Manager::new(client.clone(), options)
         .with_teardown_client(teardown_client)
-        .with_listener_client(listener_client);
+        .with_listener_client(listener_client)
+        .with_watch_client(watch_client);
 
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));

@@ -99,8 +99,8 @@ pub struct Args {
     #[arg(long, default_value_t = Options::default().runner_set_parallelism)]
     pub runner_set_parallelism: usize,
 
-    /// Kubernetes client rate limit, requests per second (0 disables): one token bucket shared by every controller
-    /// and watch, and a second bucket of the same size for runner teardown alone. ARC's flag of the same name sets
+    /// Kubernetes client rate limit, requests per second (0 disables): one token bucket shared by every controller,
+    /// a second bucket of the same size for runner teardown alone and a third for the watches. ARC's flag of the same name sets
     /// a limit per client-go client, and ARC builds several, so ARC at 20 was seen making about 40 requests/s: to
     /// copy an ARC setting, double it.
     /// The default (500/s, burst 100) is a ceiling: what keeps a burst from flooding the API server is
@@ -108,12 +108,12 @@ pub struct Args {
     #[arg(long, alias = "kube-api-qps", default_value_t = 500.0)]
     pub k8s_client_rate_limiter_qps: f64,
 
-    /// Kubernetes client burst (of each of the two buckets, see the QPS flag).
+    /// Kubernetes client burst (of each bucket, see the QPS flag).
     #[arg(long, alias = "kube-api-burst", default_value_t = 100)]
     pub k8s_client_rate_limiter_burst: u32,
 
-    /// Most requests waiting for the API server's answer at once (0: no limit; watches count only until their
-    /// stream opens). Not in ARC. A rate cannot tell a busy API server from an idle one: at 400/s a two-core control
+    /// Most requests waiting for the API server's answer at once (0: no limit; the watches are outside it). Not in
+    /// ARC. A rate cannot tell a busy API server from an idle one: at 400/s a two-core control
     /// plane queued every request, teardown's included (p99 4.6–8.6 s from a runner's finish to its removal in
     /// 500-job bursts), while 240/s left it idle part of the time. With at most 8 requests waiting, the main client
     /// sends as fast as the server answers and no faster (36–42 jobs/s against 33 at 240/s). Runner teardown never

@@ -1,7 +1,7 @@
 //! One budget of Kubernetes requests waiting for the API server's answer, shared by the manager's two clients
-//! (`--k8s-client-max-in-flight`): the main lane (every controller and watch) waits for room in it; the teardown
-//! lane (deleting finished runners) never waits, but each of its requests in flight takes a place the main lane
-//! cannot use until it is answered.
+//! (`--k8s-client-max-in-flight`): the main lane (every controller) waits for room in it; the teardown lane
+//! (deleting finished runners) never waits, but each of its requests in flight takes a place the main lane cannot
+//! use until it is answered. The watches are outside it (`Manager::with_watch_client`).
 //!
 //! Why: on a busy API server every request waits behind those already in it, so a finished runner's deletes queue
 //! behind a burst's creations even on a client of their own. Holding the burst back while teardown requests are

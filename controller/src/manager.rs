@@ -69,6 +69,8 @@ pub struct Manager {
     client: Client,
     /// The client of the runner teardown lane (its own rate limit); `client` unless set.
     teardown_client: Option<Client>,
+    /// The client the watches open their streams on; `client` unless set.
+    watch_client: Option<Client>,
     options: Options,
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
@@ -92,6 +94,7 @@ impl Manager {
         Self {
             client,
             teardown_client: None,
+            watch_client: None,
             options,
             registry: Arc::new(registry),
             metrics,
@@ -105,6 +108,17 @@ impl Manager {
     #[must_use]
     pub fn with_teardown_client(mut self, client: Client) -> Self {
         self.teardown_client = Some(client);
+        self
+    }
+
+    /// Gives the watches a client of their own, outside the budget of requests in flight
+    /// ([`crate::inflight`]): a watch the API server closed is opened again at once, not after the controllers'
+    /// requests queued before it. An overloaded API server closes the watches that fall behind (the benchmark's
+    /// 2000-runner runs, docs/benchmarks.md), and until its watch is back a finished runner's pod exit reaches no one.
+    /// A watch holds a place in no budget once open, so leaving it out costs the budget's purpose nothing.
+    #[must_use]
+    pub fn with_watch_client(mut self, client: Client) -> Self {
+        self.watch_client = Some(client);
         self
     }
 
@@ -145,10 +159,33 @@ impl Manager {
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
         K::DynamicType: Default,
     {
+        self.api_on(self.client.clone())
+    }
+
+    /// [`Manager::api`] on the watches' client.
+    fn watched<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        self.api_on(self.watch_client())
+    }
+
+    fn api_on<K>(&self, client: Client) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
         match &self.options.watch_namespace {
-            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-            None => Api::all(self.client.clone()),
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
         }
+    }
+
+    fn watch_client(&self) -> Client {
+        self.watch_client
+            .clone()
+            .unwrap_or_else(|| self.client.clone())
     }
 
     /// Checks that the CRDs are served, so a missing installation fails fast with a hint.
@@ -268,7 +305,7 @@ impl Manager {
 
         let watches = [
             spawn_watch(
-                self.api::<EphemeralRunnerSet>(),
+                self.watched::<EphemeralRunnerSet>(),
                 watcher::Config::default(),
                 set_writer,
                 set_fanout,
@@ -276,7 +313,7 @@ impl Manager {
                 stop_watches.clone(),
             ),
             spawn_pruned_watch(
-                self.api::<EphemeralRunner>(),
+                self.watched::<EphemeralRunner>(),
                 watcher::Config::default(),
                 runner_writer,
                 runner_fanout,
@@ -302,7 +339,7 @@ impl Manager {
                 stop_watches.clone(),
             ),
             spawn_pruned_watch(
-                self.api::<CachedPod>(),
+                self.watched::<CachedPod>(),
                 watcher::Config::default().labels(&format!(
                     "{EPHEMERAL_RUNNER_LABEL}={EPHEMERAL_RUNNER_LABEL_VALUE}"
                 )),
@@ -569,12 +606,12 @@ impl ScaleSetWatches {
         manager: &Manager,
         stop: &CancellationToken,
     ) -> (ScaleSetParts, Vec<JoinHandle<()>>) {
-        let client = manager.client.clone();
+        let client = manager.watch_client();
         let namespace = self.parts.namespace.clone();
         let pod_deleted = self.pod_deleted;
         let handles = vec![
             spawn_watch(
-                manager.api::<AutoscalingRunnerSet>(),
+                manager.watched::<AutoscalingRunnerSet>(),
                 watcher::Config::default(),
                 self.runner_set_writer,
                 self.runner_set_fanout,

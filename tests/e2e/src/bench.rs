@@ -195,6 +195,11 @@ pub struct BenchReport {
     /// Every other request over the run, left out of the per-job figures: the simulated kubelet's pod status
     /// writes, the control plane's own requests (leases, endpoints, limit ranges...), discovery.
     pub other_requests: BTreeMap<String, u64>,
+    /// Watches the API server closed during the run because they fell behind (anyone's: the manager's, the
+    /// simulated kubelet's, the control plane's), by resource. Each one is an API server past what it can deliver:
+    /// its watchers' events arrive late, whoever makes them, so a run with any is an overloaded run
+    /// (docs/benchmarks.md, "Teardown").
+    pub terminated_watchers: BTreeMap<String, u64>,
     /// Manager and listener writes per second over the run.
     pub kubernetes_writes_per_sec: f64,
     pub baseline: Baseline,
@@ -243,6 +248,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     // Let the watch list before the burst.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let requests_before = apiserver_requests(&world.client()).await?;
+    let closed_before = terminated_watchers(&world.client()).await?;
     world.fake.state().reset_counters();
     let processes = measured_processes(&world).await?;
     let cpu_before = cpu_ticks_of(&processes);
@@ -300,6 +306,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
         tokio::time::sleep(TICK).await;
     }
     let requests_after = apiserver_requests(&world.client()).await?;
+    report.terminated_watchers = diff(&closed_before, &terminated_watchers(&world.client()).await?);
     let cpu_after = cpu_ticks_of(&processes);
     report.cpu_secs = cpu_secs_between(&cpu_before, &cpu_after);
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
@@ -960,6 +967,12 @@ pub(crate) fn status_kib(status: &str, key: &str) -> Option<u64> {
         .find_map(|line| line.strip_prefix(key))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
+}
+
+/// Watches the API server closed for falling behind, by resource (`test_harness::requests::parse_terminated_watchers`).
+async fn terminated_watchers(client: &Client) -> Result<BTreeMap<String, u64>> {
+    let metrics = test_harness::requests::metrics(client).await?;
+    Ok(test_harness::requests::parse_terminated_watchers(&metrics))
 }
 
 /// The API server's count of requests (watches aside), by `resource[/subresource] VERB`.

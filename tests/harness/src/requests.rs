@@ -17,11 +17,38 @@ pub fn is_write_verb(verb: &str) -> bool {
 
 /// The API server's count of requests (watches aside), by `resource[/subresource] VERB`.
 pub async fn count(client: &Client) -> Result<BTreeMap<String, u64>, kube::Error> {
+    Ok(parse_requests(&metrics(client).await?, true))
+}
+
+/// The API server's `/metrics` text.
+pub async fn metrics(client: &Client) -> Result<String, kube::Error> {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
         .map_err(kube::Error::HttpError)?;
-    let text = client.request_text(request).await?;
-    Ok(parse_requests(&text, true))
+    client.request_text(request).await
+}
+
+/// Watches the API server closed because their client (or the server's own goroutine for it) fell behind, by
+/// resource (`apiserver_terminated_watchers_total`): the mark of an API server past what it can deliver. Each one
+/// costs its client a new watch, and until then every event of that resource.
+pub fn parse_terminated_watchers(metrics: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_terminated_watchers_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let resource = labels
+            .split(',')
+            .find_map(|pair| pair.strip_prefix("resource=\""))
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or_default();
+        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        *counts.entry(resource.to_owned()).or_default() += count;
+    }
+    counts
 }
 
 /// Sums `apiserver_request_total` samples by `resource[/subresource] VERB`, reads (GET, LIST) included when
@@ -75,4 +102,25 @@ pub fn diff(
             (delta > 0).then(|| (key.clone(), delta))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminated_watchers_by_resource() {
+        let metrics = r#"# HELP apiserver_terminated_watchers_total [ALPHA] Counter of watchers closed due to unresponsiveness broken by resource type.
+# TYPE apiserver_terminated_watchers_total counter
+apiserver_terminated_watchers_total{group="",resource="pods"} 3
+apiserver_terminated_watchers_total{group="actions.github.com",resource="ephemeralrunners"} 2
+apiserver_request_total{code="200",component="apiserver",resource="pods",verb="GET"} 7
+"#;
+        let counts = parse_terminated_watchers(metrics);
+        assert_eq!(
+            counts,
+            BTreeMap::from([("ephemeralrunners".to_owned(), 2), ("pods".to_owned(), 3)])
+        );
+        assert!(parse_terminated_watchers("apiserver_request_total{} 1\n").is_empty());
+    }
 }

@@ -199,6 +199,14 @@ fn print_report(r: &BenchReport) {
         println!("    {key:<40} {n}");
     }
     print_others(&r.other_requests);
+    if r.terminated_watchers.is_empty() {
+        println!("watches the API server closed for falling behind: none");
+    } else {
+        println!("watches the API server closed for falling behind (an overloaded run):");
+        for (resource, n) in &r.terminated_watchers {
+            println!("    {resource:<40} {n}");
+        }
+    }
     print_flags(&r.manager_flags, &r.flags_differing_from_chart);
     println!(
         "CPU over the run           {:.0} % of all cores",
