@@ -100,9 +100,9 @@ pub struct Args {
     pub runner_set_parallelism: usize,
 
     /// Kubernetes client rate limit, requests per second (0 disables): one token bucket shared by every controller,
-    /// a second bucket of the same size for runner teardown alone and a third for the watches. ARC's flag of the same name sets
-    /// a limit per client-go client, and ARC builds several, so ARC at 20 was seen making about 40 requests/s: to
-    /// copy an ARC setting, double it.
+    /// a second bucket of the same size for runner teardown alone and a third for the watches. ARC's flag of the
+    /// same name sets a limit per client-go client, and ARC builds several, so ARC at 20 was seen making about 40
+    /// requests/s: to copy an ARC setting, double it.
     /// The default (500/s, burst 100) is a ceiling: what keeps a burst from flooding the API server is
     /// `--k8s-client-max-in-flight`, which adapts to how fast it answers (docs/benchmarks.md).
     #[arg(long, alias = "kube-api-qps", default_value_t = 500.0)]

@@ -30,7 +30,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
-use test_harness::requests::{diff, is_write_verb, parse_requests};
+use test_harness::requests::{diff, is_write_verb, parse_requests, parse_terminated_watchers};
 
 use crate::checks;
 use crate::simulator::SimulatorConfig;
@@ -247,8 +247,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     let runners = RunnerWatch::start(world.client(), world.namespace());
     // Let the watch list before the burst.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let requests_before = apiserver_requests(&world.client()).await?;
-    let closed_before = terminated_watchers(&world.client()).await?;
+    let metrics_before = test_harness::requests::metrics(&world.client()).await?;
+    let requests_before = parse_requests(&metrics_before, true);
+    let closed_before = parse_terminated_watchers(&metrics_before);
     world.fake.state().reset_counters();
     let processes = measured_processes(&world).await?;
     let cpu_before = cpu_ticks_of(&processes);
@@ -305,8 +306,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
         }
         tokio::time::sleep(TICK).await;
     }
-    let requests_after = apiserver_requests(&world.client()).await?;
-    report.terminated_watchers = diff(&closed_before, &terminated_watchers(&world.client()).await?);
+    let metrics_after = test_harness::requests::metrics(&world.client()).await?;
+    let requests_after = parse_requests(&metrics_after, true);
+    report.terminated_watchers = diff(&closed_before, &parse_terminated_watchers(&metrics_after));
     let cpu_after = cpu_ticks_of(&processes);
     report.cpu_secs = cpu_secs_between(&cpu_before, &cpu_after);
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
@@ -967,12 +969,6 @@ pub(crate) fn status_kib(status: &str, key: &str) -> Option<u64> {
         .find_map(|line| line.strip_prefix(key))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-}
-
-/// Watches the API server closed for falling behind, by resource (`test_harness::requests::parse_terminated_watchers`).
-async fn terminated_watchers(client: &Client) -> Result<BTreeMap<String, u64>> {
-    let metrics = test_harness::requests::metrics(client).await?;
-    Ok(test_harness::requests::parse_terminated_watchers(&metrics))
 }
 
 /// The API server's count of requests (watches aside), by `resource[/subresource] VERB`.

@@ -33,22 +33,33 @@ pub async fn metrics(client: &Client) -> Result<String, kube::Error> {
 /// costs its client a new watch, and until then every event of that resource.
 pub fn parse_terminated_watchers(metrics: &str) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_terminated_watchers_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let resource = labels
-            .split(',')
-            .find_map(|pair| pair.strip_prefix("resource=\""))
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or_default();
-        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-        *counts.entry(resource.to_owned()).or_default() += count;
+    for (labels, count) in samples(metrics, "apiserver_terminated_watchers_total") {
+        *counts
+            .entry(label(labels, "resource").to_owned())
+            .or_default() += count;
     }
     counts
+}
+
+/// The samples of metric `name` in a Prometheus text exposition: each one's label list (`a="x",b="y"`) and value.
+fn samples<'a>(metrics: &'a str, name: &str) -> impl Iterator<Item = (&'a str, u64)> {
+    let prefix = format!("{name}{{");
+    metrics.lines().filter_map(move |line| {
+        let (labels, value) = line.strip_prefix(&prefix)?.rsplit_once("} ")?;
+        Some((labels, value.trim().parse::<f64>().unwrap_or(0.0) as u64))
+    })
+}
+
+/// The value of label `name` in a sample's label list, empty when it has none.
+fn label<'a>(labels: &'a str, name: &str) -> &'a str {
+    labels
+        .split(',')
+        .find_map(|pair| {
+            pair.strip_prefix(name)?
+                .strip_prefix("=\"")?
+                .strip_suffix('"')
+        })
+        .unwrap_or_default()
 }
 
 /// Sums `apiserver_request_total` samples by `resource[/subresource] VERB`, reads (GET, LIST) included when
@@ -57,20 +68,8 @@ pub fn parse_terminated_watchers(metrics: &str) -> BTreeMap<String, u64> {
 /// anything but 2xx as `resource VERB (CODE)` (a conflict, a refusal, a server-side failure or timeout).
 pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or_default()
-        };
+    for (labels, count) in samples(metrics, "apiserver_request_total") {
+        let label = |name: &str| label(labels, name);
         let verb = label("verb");
         if (!include_reads && !is_write_verb(verb)) || verb == "WATCH" {
             continue;
@@ -79,7 +78,6 @@ pub fn parse_requests(metrics: &str, include_reads: bool) -> BTreeMap<String, u6
             "" => label("resource").to_owned(),
             sub => format!("{}/{sub}", label("resource")),
         };
-        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
         let key = match (label("dry_run"), label("code")) {
             ("", code) if code.starts_with('2') => format!("{resource} {verb}"),
             ("", code) => format!("{resource} {verb} ({code})"),
