@@ -39,7 +39,7 @@ use crate::ephemeral_runner::memory::RunnerMemory;
 use crate::ephemeral_runner_set::SetContext;
 use crate::error::{Error, Result};
 use crate::listener_tasks::ListenerTasks;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, teardown_stage};
 use crate::options::{ListenerMode, Options};
 use crate::pods::CachedPod;
 use crate::relist::with_relist_deletions;
@@ -262,8 +262,15 @@ impl Manager {
         let completions = Arc::new(Completions::default());
         let (applied_completions, deleted_completions) =
             (Arc::clone(&completions), Arc::clone(&completions));
+        let (runner_metrics, deleted_runner_metrics) =
+            (Arc::clone(&self.metrics), Arc::clone(&self.metrics));
+        let (pod_metrics, deleted_pod_metrics) =
+            (Arc::clone(&self.metrics), Arc::clone(&self.metrics));
         runner_fanout.observe(move |runner: &EphemeralRunner| {
             applied_memory.observe_runner(runner);
+            if runner.meta().deletion_timestamp.is_some() {
+                runner_metrics.deletion_shown(teardown_stage::RUNNER_WATCH, uid_of(runner));
+            }
             if leaving_with_job(runner, false)
                 && let Some(key) = owner_set_key(runner)
             {
@@ -278,6 +285,9 @@ impl Manager {
         let succeeded_memory = Arc::clone(&runner_memory);
         let ending_pod_memory = Arc::clone(&runner_memory);
         pod_fanout.observe(move |pod: &CachedPod| {
+            if pod.meta().deletion_timestamp.is_some() {
+                pod_metrics.deletion_shown(teardown_stage::POD_WATCH, uid_of(pod));
+            }
             if succeeded_memory.observe_pod(pod) {
                 // Its runner's end: the teardown lane's, nothing of the set's.
                 return;
@@ -318,7 +328,9 @@ impl Manager {
                 runner_writer,
                 runner_fanout,
                 move |runner: &EphemeralRunner| {
-                    deleted_memory.forget(&runner.uid().unwrap_or_default());
+                    let uid = uid_of(runner);
+                    deleted_runner_metrics.deletion_shown(teardown_stage::RUNNER_WATCH, uid);
+                    deleted_memory.forget(uid);
                     if let Some(owner) = controller_owner::<_, EphemeralRunnerSet>(runner) {
                         let key = crate::completions::set_key(
                             owner.namespace.as_deref().unwrap_or_default(),
@@ -346,6 +358,7 @@ impl Manager {
                 pod_writer,
                 pod_fanout,
                 move |pod: &CachedPod| {
+                    deleted_pod_metrics.deletion_shown(teardown_stage::POD_WATCH, uid_of(pod));
                     // The pod's last state (an unbound pod's eviction deletes it at once: this event is the only
                     // one that shows how), remembered before its runner's pass runs.
                     ending_pod_memory.observe_pod_end(pod);
@@ -793,4 +806,9 @@ where
             }
         }
     })
+}
+
+/// An object's uid, empty for one the API server has not stored.
+fn uid_of<K: Resource>(object: &K) -> &str {
+    object.meta().uid.as_deref().unwrap_or_default()
 }

@@ -6,7 +6,8 @@
 //! label has a bounded set of values (scale sets, fixed reason words), never a runner or a run.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -92,7 +93,7 @@ pub struct TeardownStageLabels {
 }
 
 /// The stages of `gha_controller_runner_teardown_seconds` (docs/metrics.md): where a finished runner's time goes
-/// between the manager seeing its end and its finalizers removed.
+/// between the manager seeing its end and its finalizers removed, and the watch hops on either side of that.
 pub mod teardown_stage {
     /// From the manager's watch showing the runner's end (its pod succeeded, or the runner being deleted) to the
     /// start of its teardown pass: the watch event's way to the teardown lane, and the lane's queue.
@@ -110,8 +111,15 @@ pub mod teardown_stage {
     pub const FINALIZERS: &str = "finalizers";
     /// The whole pass, from its start to the finalizers removed.
     pub const PASS: &str = "pass";
+    /// From a finished runner's pod's `DELETE` sent to the manager's pod watch showing it: how far behind the pod
+    /// watch runs during teardowns. The watch event of a pod's exit, which starts `waited`, comes down the same
+    /// stream, and its writer's clock is not the manager's: this is its measurable stand-in.
+    pub const POD_WATCH: &str = "pod_watch";
+    /// From a finished runner's own `DELETE` sent to the manager's runner watch showing it.
+    pub const RUNNER_WATCH: &str = "runner_watch";
     /// Every stage, in order.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 9] = [
+        POD_WATCH,
         WAITED,
         TURN,
         DELETE_RUNNER,
@@ -119,7 +127,41 @@ pub mod teardown_stage {
         DELETE_CHILDREN,
         FINALIZERS,
         PASS,
+        RUNNER_WATCH,
     ];
+}
+
+/// How many awaited events a [`WatchLag`] keeps before it drops those older than [`WatchLag::GIVE_UP`].
+const WATCH_LAG_KEPT: usize = 4096;
+
+/// Deletions this process sent whose watch event it still awaits, by object uid: how far behind a watch runs,
+/// measured on the manager's own writes. An event that never comes (the object was already gone) leaves an entry
+/// that is dropped once it is [`WatchLag::GIVE_UP`] old and the map is full.
+#[derive(Debug, Default)]
+pub struct WatchLag {
+    sent: Mutex<HashMap<String, Instant>>,
+}
+
+impl WatchLag {
+    /// Past this, an awaited event is taken as never coming.
+    pub const GIVE_UP: Duration = Duration::from_secs(300);
+
+    /// Notes that the deletion of object `uid` is about to be sent: before the request, so an event that outruns
+    /// the response is still matched.
+    pub fn sent(&self, uid: &str) {
+        let mut sent = crate::context::lock(&self.sent);
+        if sent.len() >= WATCH_LAG_KEPT {
+            sent.retain(|_, at| at.elapsed() < Self::GIVE_UP);
+        }
+        sent.entry(uid.to_owned()).or_insert_with(Instant::now);
+    }
+
+    /// How long ago the deletion of object `uid` was sent, once: the first watch event that shows it asks.
+    pub fn shown(&self, uid: &str) -> Option<Duration> {
+        crate::context::lock(&self.sent)
+            .remove(uid)
+            .map(|at| at.elapsed())
+    }
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -179,6 +221,10 @@ pub struct Metrics {
     pub reconcile_time: HistogramFamily<ControllerLabels>,
     /// `gha_controller_runner_teardown_seconds`, by [`teardown_stage`].
     pub teardown_time: HistogramFamily<TeardownStageLabels>,
+    /// Finished runners' pods whose deletion the pod watch has not shown yet ([`teardown_stage::POD_WATCH`]).
+    pub pod_watch: WatchLag,
+    /// Finished runners whose deletion the runner watch has not shown yet ([`teardown_stage::RUNNER_WATCH`]).
+    pub runner_watch: WatchLag,
 }
 
 impl Metrics {
@@ -187,6 +233,19 @@ impl Metrics {
         self.teardown_time
             .get_or_create(&TeardownStageLabels { stage })
             .observe(took.as_secs_f64());
+    }
+
+    /// The watch of `stage` ([`teardown_stage::POD_WATCH`] or [`teardown_stage::RUNNER_WATCH`]) shows the deletion
+    /// of object `uid`: records how long after its request, if this process sent one.
+    pub fn deletion_shown(&self, stage: &'static str, uid: &str) {
+        let lag = if stage == teardown_stage::POD_WATCH {
+            &self.pod_watch
+        } else {
+            &self.runner_watch
+        };
+        if let Some(took) = lag.shown(uid) {
+            self.teardown(stage, took);
+        }
     }
 
     /// Creates the handles and registers them in `registry`.
@@ -210,6 +269,8 @@ impl Metrics {
             reconcile_errors: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram),
             teardown_time: Family::new_with_constructor(teardown_histogram),
+            pod_watch: WatchLag::default(),
+            runner_watch: WatchLag::default(),
         };
         let gha = registry.sub_registry_with_prefix("gha_controller");
         gha.register(
@@ -400,6 +461,57 @@ pub fn merge_texts<'a>(texts: impl IntoIterator<Item = &'a str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deletion_shown_is_timed_once_and_only_when_sent() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let count = |stage: &str| {
+            let line =
+                format!("gha_controller_runner_teardown_seconds_count{{stage=\"{stage}\"}} ");
+            encode(&registry)
+                .lines()
+                .find_map(|sample| sample.strip_prefix(line.as_str())?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        metrics.deletion_shown(teardown_stage::POD_WATCH, "never-sent");
+        assert_eq!(
+            count(teardown_stage::POD_WATCH),
+            0,
+            "nothing sent: no sample"
+        );
+        metrics.pod_watch.sent("pod");
+        metrics.runner_watch.sent("runner");
+        // Sent twice before the event (a retried pass): timed from the first.
+        metrics.pod_watch.sent("pod");
+        metrics.deletion_shown(teardown_stage::POD_WATCH, "pod");
+        metrics.deletion_shown(teardown_stage::POD_WATCH, "pod");
+        assert_eq!(
+            count(teardown_stage::POD_WATCH),
+            1,
+            "one sample per deletion"
+        );
+        assert_eq!(count(teardown_stage::RUNNER_WATCH), 0, "each watch its own");
+        metrics.deletion_shown(teardown_stage::RUNNER_WATCH, "runner");
+        assert_eq!(count(teardown_stage::RUNNER_WATCH), 1);
+    }
+
+    #[test]
+    fn awaited_events_that_never_come_are_dropped_once_old() {
+        let lag = WatchLag::default();
+        let old = Instant::now()
+            .checked_sub(WatchLag::GIVE_UP + Duration::from_secs(1))
+            .expect("the clock is past the give-up age");
+        {
+            let mut sent = crate::context::lock(&lag.sent);
+            for n in 0..WATCH_LAG_KEPT {
+                sent.insert(format!("old-{n}"), old);
+            }
+        }
+        lag.sent("new");
+        assert_eq!(crate::context::lock(&lag.sent).len(), 1, "only the new one");
+        assert!(lag.shown("new").is_some());
+    }
 
     #[test]
     fn merged_texts_list_each_family_once_with_every_texts_samples() {

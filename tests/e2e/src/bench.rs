@@ -30,7 +30,9 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
-use test_harness::requests::{diff, is_write_verb, parse_requests, parse_terminated_watchers};
+use test_harness::requests::{
+    diff, is_write_verb, parse_requests, parse_terminated_watchers, sum_by_label,
+};
 
 use crate::checks;
 use crate::simulator::SimulatorConfig;
@@ -200,6 +202,9 @@ pub struct BenchReport {
     /// its watchers' events arrive late, whoever makes them, so a run with any is an overloaded run
     /// (docs/benchmarks.md, "Teardown").
     pub terminated_watchers: BTreeMap<String, u64>,
+    /// The manager's passes over the run, by controller (`controller_runtime_reconcile_total`): what its own CPU
+    /// goes to, as a pass of a set or a scale set looks at every runner of it.
+    pub manager_passes: BTreeMap<String, u64>,
     /// Manager and listener writes per second over the run.
     pub kubernetes_writes_per_sec: f64,
     pub baseline: Baseline,
@@ -338,7 +343,11 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     report.teardown_stages = teardown_stages(&world, &runners);
     match world.manager_metrics_url() {
         Some(url) => match http_get(&url).await {
-            Ok(text) => report.teardown_stages.manager = manager_teardown_stages(&text),
+            Ok(text) => {
+                report.teardown_stages.manager = manager_teardown_stages(&text);
+                report.manager_passes =
+                    sum_by_label(&text, "controller_runtime_reconcile_total", "controller");
+            }
             Err(error) => report
                 .problems
                 .push(format!("reading the manager's metrics at {url}: {error}")),

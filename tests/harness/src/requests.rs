@@ -32,10 +32,15 @@ pub async fn metrics(client: &Client) -> Result<String, kube::Error> {
 /// resource (`apiserver_terminated_watchers_total`): the mark of an API server past what it can deliver. Each one
 /// costs its client a new watch, and until then every event of that resource.
 pub fn parse_terminated_watchers(metrics: &str) -> BTreeMap<String, u64> {
+    sum_by_label(metrics, "apiserver_terminated_watchers_total", "resource")
+}
+
+/// The samples of counter `name` (its full sample name, `_total` included) summed by the value of `label`.
+pub fn sum_by_label(metrics: &str, name: &str, label_name: &str) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
-    for (labels, count) in samples(metrics, "apiserver_terminated_watchers_total") {
+    for (labels, count) in samples(metrics, name) {
         *counts
-            .entry(label(labels, "resource").to_owned())
+            .entry(label(labels, label_name).to_owned())
             .or_default() += count;
     }
     counts
@@ -120,5 +125,21 @@ apiserver_request_total{code="200",component="apiserver",resource="pods",verb="G
             BTreeMap::from([("ephemeralrunners".to_owned(), 2), ("pods".to_owned(), 3)])
         );
         assert!(parse_terminated_watchers("apiserver_request_total{} 1\n").is_empty());
+    }
+
+    #[test]
+    fn a_counter_is_summed_by_one_label() {
+        // The manager's passes, as prometheus_client writes them: one series per controller and result.
+        let metrics = "controller_runtime_reconcile_total{controller=\"ephemeralrunner\",result=\"success\"} 5\n\
+                       controller_runtime_reconcile_total{controller=\"ephemeralrunner\",result=\"error\"} 2\n\
+                       controller_runtime_reconcile_total{controller=\"ephemeralrunnerset\",result=\"success\"} 4\n\
+                       controller_runtime_reconcile_time_seconds_count{controller=\"ephemeralrunner\"} 7\n";
+        assert_eq!(
+            sum_by_label(metrics, "controller_runtime_reconcile_total", "controller"),
+            BTreeMap::from([
+                ("ephemeralrunner".to_owned(), 7),
+                ("ephemeralrunnerset".to_owned(), 4)
+            ])
+        );
     }
 }

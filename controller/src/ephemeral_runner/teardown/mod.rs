@@ -142,9 +142,13 @@ impl Step<'_> {
                     self.objects.delete_hook_objects().await?;
                 }
                 // Its deletion is sent first; both it and the finalizers' removal are needed for the runner to
-                // go, whichever the API server takes first ([`TeardownEnd::Finish`]).
+                // go, whichever the API server takes first ([`TeardownEnd::Finish`]). Sent one after the other,
+                // they would save the API server one write of the runner but double the pass, and the teardown
+                // workers fall behind a wave of finished runners (docs/benchmarks.md, "Teardown").
+                let metrics = &self.ctx.metrics;
                 let runner = async {
                     if delete_self {
+                        metrics.runner_watch.sent(&self.objects.uid);
                         self.timed(teardown_stage::DELETE_RUNNER, self.objects.delete_self())
                             .await?;
                     }
@@ -155,6 +159,9 @@ impl Step<'_> {
                 // the garbage collector deletes it with the runner.
                 let pod = async {
                     if delete_pod {
+                        if let Some(pod) = terminated.as_deref() {
+                            metrics.pod_watch.sent(pod);
+                        }
                         let delete = self.objects.delete_pod(terminated.as_deref());
                         self.timed(teardown_stage::DELETE_CHILDREN, delete).await?;
                     }

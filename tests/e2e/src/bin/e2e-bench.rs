@@ -159,6 +159,18 @@ fn print_report(r: &BenchReport) {
             p.p50, p.p95, p.p99, p.max, p.samples
         );
     }
+    // The manager's own clock, in the order a finished runner meets the stages.
+    let manager: Vec<String> = controller::metrics::teardown_stage::ALL
+        .iter()
+        .filter_map(|stage| {
+            let q = r.teardown_stages.manager.get(*stage)?;
+            Some(format!("{stage} {:.2}/{:.2}", q.p50, q.p99))
+        })
+        .collect();
+    if !manager.is_empty() {
+        println!("  manager p50/p99 (s)      {}", manager.join(", "));
+    }
+    println!("manager passes             {:?}", r.manager_passes);
     println!(
         "throughput                 {:.1} jobs/s over the run ({:.2} s to the last completion), {:.1} jobs/s sustained (10th-90th percentile)",
         r.jobs_per_sec, r.burst_to_last_completion_secs, r.sustained_jobs_per_sec
