@@ -1286,3 +1286,114 @@ async fn no_pods_quota(env: &Env) -> kube::Api<k8s_openapi::api::core::v1::Resou
     .await;
     quotas
 }
+
+/// The requests a client sent, by path and query.
+type Sent = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// A client of the test's control plane that records every request it sends.
+fn recording_client(env: &Env) -> (kube::Client, Sent) {
+    let sent = Sent::default();
+    let config = env.ctx.control_plane.config().clone();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("client builder")
+        .with_layer(&Record(std::sync::Arc::clone(&sent)))
+        .build();
+    (client, sent)
+}
+
+/// The layer of [`recording_client`].
+struct Record(Sent);
+
+impl<S> tower::Layer<S> for Record {
+    type Service = Recorded<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Recorded {
+            inner,
+            sent: std::sync::Arc::clone(&self.0),
+        }
+    }
+}
+
+/// The service of [`Record`]: notes each request's URI, then sends it on.
+struct Recorded<S> {
+    inner: S,
+    sent: Sent,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Recorded<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        self.sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(request.uri().to_string());
+        self.inner.call(request)
+    }
+}
+
+/// The manager's watches go through the client `Manager::with_watch_client` gives them, never the main client:
+/// the main client's requests wait for its in-flight budget behind the controllers' (`--k8s-client-max-in-flight`),
+/// and a watch the API server closed must open again at once, not behind them (docs/benchmarks.md, "Teardown").
+#[tokio::test]
+async fn the_managers_watches_open_on_their_own_client() {
+    let env = Env::new("ers-watch-client").await;
+    env.create_set("arc", 1, 1).await;
+    let (main, main_sent) = recording_client(&env);
+    let (watches, watch_sent) = recording_client(&env);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let manager = controller::Manager::new(main, env.options()).with_watch_client(watches);
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+    // The runner and its pod come through the watches, and the set's pass that made it ran on their caches.
+    env.eventually("a registered runner with a pod", || async {
+        (env.pod_names().await.len() == 1 && env.registered().len() == 1).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    task.await.expect("manager task").expect("manager result");
+
+    let taken = |sent: &Sent| {
+        sent.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    };
+    let (main_sent, watch_sent) = (taken(&main_sent), taken(&watch_sent));
+    let is_watch = |uri: &str| uri.contains("watch=true");
+    let main_watches: Vec<_> = main_sent.iter().filter(|uri| is_watch(uri)).collect();
+    assert!(
+        main_watches.is_empty(),
+        "a watch on the main client: {main_watches:?}"
+    );
+    for resource in ["/ephemeralrunnersets?", "/ephemeralrunners?", "/pods?"] {
+        assert!(
+            watch_sent
+                .iter()
+                .any(|uri| is_watch(uri) && uri.contains(resource)),
+            "no watch of {resource} on the watch client: {watch_sent:?}"
+        );
+    }
+    // The watch client carries the watches and their lists, nothing the controllers write or read one by one.
+    let stray: Vec<_> = watch_sent
+        .iter()
+        .filter(|uri| {
+            let path = uri.split('?').next().unwrap_or_default();
+            !path.ends_with("/ephemeralrunnersets")
+                && !path.ends_with("/ephemeralrunners")
+                && !path.ends_with("/pods")
+        })
+        .collect();
+    assert!(stray.is_empty(), "not a watch or its list: {stray:?}");
+}

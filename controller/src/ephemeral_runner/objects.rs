@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use crds::EphemeralRunner;
 use crds::constants::RUNNER_POD_LABEL;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -70,13 +70,29 @@ impl RunnerObjects {
             .await
             .map_err(|source| self.read_failed(EphemeralRunner::kind(&()), source))?;
         Ok(match current {
-            Some(runner)
-                if runner.uid().as_deref() == Some(self.uid.as_str())
-                    && runner.meta().deletion_timestamp.is_none() =>
-            {
-                (RunnerFact::Live, Some(runner))
-            }
+            Some(runner) if self.is_live(runner.meta()) => (RunnerFact::Live, Some(runner)),
             _ => (RunnerFact::Going, None),
+        })
+    }
+
+    /// Whether `meta`, as the API server gave it, is this very runner's (same uid), not being deleted.
+    fn is_live(&self, meta: &ObjectMeta) -> bool {
+        meta.uid.as_deref() == Some(self.uid.as_str()) && meta.deletion_timestamp.is_none()
+    }
+
+    /// Whether this very runner (same uid) still exists and is not being deleted, from the API server's metadata
+    /// of it alone: the fence after a registration, which needs no pod template ([`Self::read_self`] is the one
+    /// before, whose copy the Secret and the pod are made from). The whole runner, template included, would cost
+    /// the API server its encoding once more for every runner a burst creates.
+    pub async fn still_live(&self) -> Result<RunnerFact> {
+        let current = self
+            .runners
+            .get_metadata_opt(&self.name)
+            .await
+            .map_err(|source| self.read_failed(EphemeralRunner::kind(&()), source))?;
+        Ok(match current {
+            Some(meta) if self.is_live(&meta.metadata) => RunnerFact::Live,
+            _ => RunnerFact::Going,
         })
     }
 

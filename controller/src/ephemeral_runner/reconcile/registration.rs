@@ -76,7 +76,7 @@ impl Step<'_> {
                 // cleanup, `kubectl delete`); its teardown then found no Secret and no registration by name, and
                 // may have finalized it. From now on its teardown finds the Secret; before, only this pass can
                 // know: ask the API server again, and take the registration back if the runner is going.
-                if self.objects.read_self().await?.0 == RunnerFact::Going {
+                if self.objects.still_live().await? == RunnerFact::Going {
                     tracing::info!(
                         runner_id = registered.runner_id,
                         "the runner went while it registered; its registration is removed"
