@@ -244,6 +244,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
                 ..SimulatorConfig::default()
             },
             manager_process: true,
+            // Its own control plane: the API server's counts are this run's alone, not also the garbage
+            // collection of a test that ran before it in the same binary.
+            own_control_plane: true,
             ..WorldConfig::default()
         },
     )

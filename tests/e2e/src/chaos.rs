@@ -238,6 +238,7 @@ impl ChaosConfig {
             manager_process: self.manager_process,
             manager_args: Vec::new(),
             controller_values: defaults.controller_values,
+            own_control_plane: defaults.own_control_plane,
         }
     }
 

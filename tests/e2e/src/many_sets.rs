@@ -301,6 +301,9 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
             } else {
                 json!({})
             },
+            // Its own control plane: the API server's counts are this run's alone, not also the garbage
+            // collection of a test that ran before it in the same binary.
+            own_control_plane: true,
             ..WorldConfig::default()
         },
     )

@@ -62,6 +62,10 @@ pub struct WorldConfig {
     /// Controller chart values whose RBAC the manager gets (`manager_rbac`), e.g. `{"replicaCount": 2}`, whose
     /// leader-election Role a manager with `--enable-leader-election` needs.
     pub controller_values: Value,
+    /// A control plane of this world's own ([`test_harness::own_control_plane`]), stopped at
+    /// [`World::shutdown`], for a world that counts the API server's requests while other tests of its binary
+    /// run or have just run.
+    pub own_control_plane: bool,
 }
 
 impl Default for WorldConfig {
@@ -81,6 +85,7 @@ impl Default for WorldConfig {
             manager_process: false,
             manager_args: Vec::new(),
             controller_values: json!({}),
+            own_control_plane: false,
         }
     }
 }
@@ -180,6 +185,8 @@ pub struct World {
     manager_credentials: ManagerCredentials,
     tune: fn(&mut Options),
     enqueued: Mutex<Vec<i64>>,
+    /// [`WorldConfig::own_control_plane`]: stopped at [`World::shutdown`].
+    own_control_plane: bool,
 }
 
 /// Counts at one moment, for assertions and the demo's live view.
@@ -207,9 +214,15 @@ pub struct Observation {
 impl World {
     /// Builds and starts everything; the manager runs and the scale set is installed when this returns.
     pub async fn start(prefix: &str, config: WorldConfig) -> Result<Self> {
-        let ctx = TestContext::try_new(prefix)
-            .await
-            .map_err(Error::ControlPlane)?;
+        let ctx = if config.own_control_plane {
+            let control_plane = test_harness::own_control_plane()
+                .await
+                .map_err(Error::ControlPlane)?;
+            TestContext::try_new_on(control_plane, prefix).await
+        } else {
+            TestContext::try_new(prefix).await
+        }
+        .map_err(Error::ControlPlane)?;
         test_harness::apply_crds(&ctx.client, &crds::all_crds()).await?;
         let controller_namespace =
             test_harness::create_namespace(&ctx.client, &format!("{prefix}-system")).await?;
@@ -271,6 +284,7 @@ impl World {
             manager_credentials,
             tune: config.tune,
             enqueued: Mutex::default(),
+            own_control_plane: config.own_control_plane,
         };
         world.try_start_manager()?;
         world.install().await?;
@@ -1187,6 +1201,9 @@ impl World {
             tokio::task::spawn_blocking(move || executor.stop())
                 .await
                 .map_err(|e| Error::Manager(e.to_string()))?;
+        }
+        if self.own_control_plane {
+            self.ctx.control_plane.stop();
         }
         stopped
     }

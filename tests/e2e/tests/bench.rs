@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use e2e::bench::{BenchConfig, run};
 
-/// One measurement at a time. Both tests count the API server's requests, and `apiserver_request_total` has no
-/// namespace label: the tests of one binary share one control plane, so a set installed by one test while the
-/// other counts shows up in the other's figures (a CI run counted the three listener pods of the many-sets test
-/// as runner pod creations of the small bench).
+/// One measurement at a time. Each test's world has a control plane of its own (its counts of the API server's
+/// requests are its own: a CI run counted the previous test's garbage collection in the idle window of the next),
+/// but the tests still share the machine's cores, so one test's burst would slow another's timings.
 static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread")]

@@ -411,6 +411,14 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Stops every component (SIGTERM, then SIGKILL), for a control plane of one test's own
+    /// ([`crate::own_control_plane`]) whose test is over. Requests made to it afterwards fail.
+    pub fn stop(&self) {
+        let stopped =
+            std::mem::take(&mut *self.processes.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(stopped);
+    }
+
     /// Names of components that have exited, with their log tails; empty while all run.
     pub fn exited_components(&self) -> Vec<String> {
         let mut procs = self.processes.lock().unwrap_or_else(|p| p.into_inner());

@@ -119,6 +119,15 @@ pub async fn control_plane() -> Result<&'static ControlPlane, String> {
         .map_err(Clone::clone)
 }
 
+/// A control plane for one test alone, for a test that counts the API server's requests: on the binary's shared
+/// one, the garbage collector still cleaning up after another test counts as this test's requests (a CI run saw a
+/// previous test's 30 runners' owner lookups in an idle window). It lives as long as the shared one, until the
+/// binary exits, unless [`ControlPlane::stop`] ends it first.
+pub async fn own_control_plane() -> Result<&'static ControlPlane, String> {
+    let control_plane = ControlPlane::start().await.map_err(|e| format!("{e}"))?;
+    Ok(Box::leak(Box::new(control_plane)))
+}
+
 /// What one test needs: an admin client and a namespace of its own.
 pub struct TestContext {
     pub control_plane: &'static ControlPlane,
@@ -138,7 +147,14 @@ impl TestContext {
     }
 
     pub async fn try_new(prefix: &str) -> Result<Self, String> {
-        let control_plane = control_plane().await?;
+        Self::try_new_on(control_plane().await?, prefix).await
+    }
+
+    /// A fresh namespace named after `prefix` on `control_plane` (the shared one or [`own_control_plane`]).
+    pub async fn try_new_on(
+        control_plane: &'static ControlPlane,
+        prefix: &str,
+    ) -> Result<Self, String> {
         let client = control_plane.client().map_err(|e| e.to_string())?;
         let namespace = create_namespace(&client, prefix)
             .await
