@@ -1203,7 +1203,11 @@ impl World {
                 .map_err(|e| Error::Manager(e.to_string()))?;
         }
         if self.own_control_plane {
-            self.ctx.control_plane.stop();
+            // Each component is given seconds to exit: off the async threads.
+            let control_plane = self.ctx.control_plane;
+            tokio::task::spawn_blocking(move || control_plane.stop())
+                .await
+                .map_err(|e| Error::ControlPlane(e.to_string()))?;
         }
         stopped
     }

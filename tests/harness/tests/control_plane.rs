@@ -91,3 +91,55 @@ async fn each_test_gets_its_own_namespace() {
     let in_b: Api<ConfigMap> = b.api();
     assert!(in_b.get_opt("only-in-a").await.expect("get").is_none());
 }
+
+/// A test that counts the API server's requests gets a control plane no other test writes to, and stopping it ends
+/// its components without touching the shared one.
+#[tokio::test]
+async fn an_own_control_plane_is_apart_from_the_shared_one_and_stops() {
+    let shared = TestContext::new("shared").await;
+    let own = test_harness::own_control_plane()
+        .await
+        .expect("start a control plane of its own");
+    assert_ne!(own.server_url(), shared.control_plane.server_url());
+    let ctx = TestContext::try_new_on(own, "own")
+        .await
+        .expect("a namespace on it");
+    let on_own: Api<ConfigMap> = ctx.api();
+    on_own
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("only-on-own".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create");
+    let on_shared: Api<ConfigMap> = Api::namespaced(shared.client.clone(), &ctx.namespace);
+    assert!(
+        on_shared
+            .get_opt("only-on-own")
+            .await
+            .expect("get")
+            .is_none(),
+        "the shared control plane has none of the own one's objects"
+    );
+
+    tokio::task::spawn_blocking(move || own.stop())
+        .await
+        .expect("stop");
+    let without_retries = own.client_without_retries().expect("a client");
+    let after_stop: Api<ConfigMap> = Api::namespaced(without_retries, &ctx.namespace);
+    assert!(
+        after_stop.get_opt("only-on-own").await.is_err(),
+        "a stopped API server answers nothing"
+    );
+    shared
+        .client
+        .apiserver_version()
+        .await
+        .expect("the shared control plane still answers");
+}
