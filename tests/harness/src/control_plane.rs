@@ -414,6 +414,7 @@ impl ControlPlane {
     /// Stops every component (SIGTERM, then SIGKILL), for a control plane of one test's own
     /// ([`crate::own_control_plane`]) whose test is over. Requests made to it afterwards fail.
     pub fn stop(&self) {
+        // Taken out first, so the lock is not held for the seconds the components take to exit.
         let stopped =
             std::mem::take(&mut *self.processes.lock().unwrap_or_else(|p| p.into_inner()));
         drop(stopped);

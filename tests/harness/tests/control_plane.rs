@@ -8,6 +8,17 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use test_harness::TestContext;
 
+/// An empty ConfigMap named `name`.
+fn config_map(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn api_server_reports_pinned_version() {
     let ctx = TestContext::new("version").await;
@@ -22,16 +33,7 @@ async fn garbage_collector_deletes_dependents() {
     let dependents: Api<Secret> = ctx.api();
 
     let owner = owners
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some("owner".into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
+        .create(&PostParams::default(), &config_map("owner"))
         .await
         .expect("create owner");
     let owner_ref = owner.controller_owner_ref(&()).expect("owner has a uid");
@@ -76,18 +78,9 @@ async fn each_test_gets_its_own_namespace() {
     let b = TestContext::new("isolation").await;
     assert_ne!(a.namespace, b.namespace);
     let in_a: Api<ConfigMap> = a.api();
-    in_a.create(
-        &PostParams::default(),
-        &ConfigMap {
-            metadata: ObjectMeta {
-                name: Some("only-in-a".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("create");
+    in_a.create(&PostParams::default(), &config_map("only-in-a"))
+        .await
+        .expect("create");
     let in_b: Api<ConfigMap> = b.api();
     assert!(in_b.get_opt("only-in-a").await.expect("get").is_none());
 }
@@ -106,16 +99,7 @@ async fn an_own_control_plane_is_apart_from_the_shared_one_and_stops() {
         .expect("a namespace on it");
     let on_own: Api<ConfigMap> = ctx.api();
     on_own
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some("only-on-own".into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
+        .create(&PostParams::default(), &config_map("only-on-own"))
         .await
         .expect("create");
     let on_shared: Api<ConfigMap> = Api::namespaced(shared.client.clone(), &ctx.namespace);
