@@ -827,7 +827,7 @@ async fn feed(run: &Run<'_>) -> Result<()> {
             run.fed.fetch_add(due, Ordering::SeqCst);
         }
         let ids = world.enqueued();
-        let completed = crate::world::completed(&world.fake.state().snapshot(), &ids);
+        let completed = world.fake.state().completed_among(&ids);
         if let Some(every) = config.progress
             && last_status.elapsed() >= every
         {

@@ -434,7 +434,7 @@ pub async fn run(config: &ManySetsConfig) -> Result<ManySetsReport> {
     let mut ticks = 0u32;
     loop {
         let elapsed = started.elapsed().as_secs_f64();
-        let completed = crate::world::completed(&world.fake.state().snapshot(), &ids);
+        let completed = world.fake.state().completed_among(&ids);
         if completed > completed_seen {
             completed_seen = completed;
             last_completion = elapsed;

@@ -874,7 +874,7 @@ impl World {
     ) -> Result<StateSnapshot> {
         self.fake
             .state()
-            .wait_for(timeout, |snapshot| completed(snapshot, ids) == ids.len())
+            .wait_completed(ids, timeout)
             .await
             .map_err(|snapshot| {
                 let mut states: BTreeMap<String, usize> = BTreeMap::new();
@@ -1242,6 +1242,7 @@ fn uplifted_binary(package: &str, bin: &str) -> Result<PathBuf> {
 
 /// How many of `ids` have completed.
 pub fn completed(snapshot: &StateSnapshot, ids: &[i64]) -> usize {
+    let ids: std::collections::HashSet<i64> = ids.iter().copied().collect();
     snapshot
         .jobs
         .iter()

@@ -2021,6 +2021,17 @@ impl State {
         })
     }
 
+    /// How many of `ids` have completed.
+    pub fn completed_among(&self, ids: &[i64]) -> usize {
+        ids.iter()
+            .filter(|id| {
+                self.jobs
+                    .get(id)
+                    .is_some_and(|job| job.state == JobState::Completed)
+            })
+            .count()
+    }
+
     /// A job's view.
     pub fn job_view(&self, id: i64) -> Result<JobView, Rejection> {
         let job = self

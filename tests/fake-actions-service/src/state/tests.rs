@@ -629,6 +629,34 @@ fn deleting_a_scale_set_requeues_its_jobs_for_a_successor() {
 }
 
 #[test]
+fn completed_among_counts_only_the_given_jobs_that_completed() {
+    let mut state = state_with(Config {
+        auto_online_runners: true,
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let jobs = enqueue(&mut state, set, 3);
+    state.acquire_jobs(tenant, set, &sess, &jobs).unwrap();
+    jit(&mut state, tenant, set, "r1");
+    state.start_job(jobs[0]).unwrap();
+    assert_eq!(state.completed_among(&jobs), 0, "started is not completed");
+    state.finish_job(jobs[0], "succeeded").unwrap();
+    assert_eq!(state.completed_among(&jobs), 1);
+    assert_eq!(
+        state.completed_among(&jobs[1..]),
+        0,
+        "only the ids asked about"
+    );
+    assert_eq!(
+        state.completed_among(&[jobs[0], 999_999]),
+        1,
+        "an unknown id counts as not completed"
+    );
+}
+
+#[test]
 fn requeue_cancels_assignment_and_reoffers() {
     let mut state = state();
     let (tenant, _) = register(&mut state);
