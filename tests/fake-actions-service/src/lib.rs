@@ -307,24 +307,20 @@ impl StateHandle {
         timeout: Duration,
         mut condition: impl FnMut(&StateSnapshot) -> bool,
     ) -> Result<StateSnapshot, Box<StateSnapshot>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut changes = self.shared.subscribe();
-        loop {
-            changes.borrow_and_update();
-            let snapshot = self.snapshot();
-            if condition(&snapshot) {
-                return Ok(snapshot);
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => return Err(Box::new(snapshot)),
-                // Polls and GETs do not signal; re-check now and then so conditions on them still resolve.
-                () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        return Err(Box::new(snapshot));
-                    }
-                }
-            }
+        let mut last = None;
+        let found = self
+            .look_until(timeout, || {
+                let snapshot = self.snapshot();
+                let done = condition(&snapshot);
+                last = Some(snapshot);
+                done
+            })
+            .await;
+        let snapshot = last.unwrap_or_else(|| self.snapshot());
+        if found {
+            Ok(snapshot)
+        } else {
+            Err(Box::new(snapshot))
         }
     }
 
@@ -335,20 +331,33 @@ impl StateHandle {
         ids: &[i64],
         timeout: Duration,
     ) -> Result<StateSnapshot, Box<StateSnapshot>> {
+        let found = self
+            .look_until(timeout, || self.completed_among(ids) == ids.len())
+            .await;
+        let snapshot = self.snapshot();
+        if found {
+            Ok(snapshot)
+        } else {
+            Err(Box::new(snapshot))
+        }
+    }
+
+    /// Looks with `done` now and on every state change until it says so (true) or `timeout` passes (false).
+    async fn look_until(&self, timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut changes = self.shared.subscribe();
         loop {
             changes.borrow_and_update();
-            if self.completed_among(ids) == ids.len() {
-                return Ok(self.snapshot());
+            if done() {
+                return true;
             }
             tokio::select! {
-                () = tokio::time::sleep_until(deadline) => return Err(Box::new(self.snapshot())),
-                // As in `wait_for`: a change that did not signal is seen on the next look.
+                () = tokio::time::sleep_until(deadline) => return false,
+                // Polls and GETs do not signal; look again now and then so conditions on them still resolve.
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
                 changed = changes.changed() => {
                     if changed.is_err() {
-                        return Err(Box::new(self.snapshot()));
+                        return false;
                     }
                 }
             }

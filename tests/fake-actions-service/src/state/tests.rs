@@ -98,6 +98,22 @@ fn jit(state: &mut State, tenant: i64, set: i64, name: &str) -> JitResponse {
         .unwrap()
 }
 
+/// A tenant with scale set "set" whose session acquired `count` jobs, and runner "r1" registered (online at once)
+/// to take one: the state, the tenant, the set and the jobs.
+fn acquired(count: u32) -> (State, i64, i64, Vec<i64>) {
+    let mut state = state_with(Config {
+        auto_online_runners: true,
+        ..Config::default()
+    });
+    let (tenant, _) = register(&mut state);
+    let set = create_set(&mut state, tenant, "set");
+    let sess = session(&mut state, tenant, set).session_id;
+    let jobs = enqueue(&mut state, set, count);
+    state.acquire_jobs(tenant, set, &sess, &jobs).unwrap();
+    jit(&mut state, tenant, set, "r1");
+    (state, tenant, set, jobs)
+}
+
 #[test]
 fn full_job_lifecycle_emits_messages_in_order_with_statistics() {
     let mut state = state();
@@ -599,16 +615,7 @@ fn update_merges_present_fields_only() {
 
 #[test]
 fn deleting_a_scale_set_requeues_its_jobs_for_a_successor() {
-    let mut state = state_with(Config {
-        auto_online_runners: true,
-        ..Config::default()
-    });
-    let (tenant, _) = register(&mut state);
-    let set = create_set(&mut state, tenant, "set");
-    let sess = session(&mut state, tenant, set).session_id;
-    let jobs = enqueue(&mut state, set, 2);
-    state.acquire_jobs(tenant, set, &sess, &jobs).unwrap();
-    jit(&mut state, tenant, set, "r1");
+    let (mut state, tenant, set, jobs) = acquired(2);
     state.start_job(jobs[0]).unwrap();
     let busy = state
         .delete_scale_set(Some(tenant), set, false)
@@ -630,16 +637,7 @@ fn deleting_a_scale_set_requeues_its_jobs_for_a_successor() {
 
 #[test]
 fn completed_among_counts_only_the_given_jobs_that_completed() {
-    let mut state = state_with(Config {
-        auto_online_runners: true,
-        ..Config::default()
-    });
-    let (tenant, _) = register(&mut state);
-    let set = create_set(&mut state, tenant, "set");
-    let sess = session(&mut state, tenant, set).session_id;
-    let jobs = enqueue(&mut state, set, 3);
-    state.acquire_jobs(tenant, set, &sess, &jobs).unwrap();
-    jit(&mut state, tenant, set, "r1");
+    let (mut state, _, _, jobs) = acquired(3);
     state.start_job(jobs[0]).unwrap();
     assert_eq!(state.completed_among(&jobs), 0, "started is not completed");
     state.finish_job(jobs[0], "succeeded").unwrap();
@@ -1337,16 +1335,8 @@ fn direct_delivery_assigns_a_rerun_at_once() {
 
 #[test]
 fn a_rerun_whose_scale_set_is_gone_waits_for_one_of_its_name() {
-    let mut state = state_with(Config {
-        auto_online_runners: true,
-        ..Config::default()
-    });
-    let (tenant, _) = register(&mut state);
-    let set = create_set(&mut state, tenant, "set");
-    let sess = session(&mut state, tenant, set).session_id;
-    let job = enqueue(&mut state, set, 1)[0];
-    state.acquire_jobs(tenant, set, &sess, &[job]).unwrap();
-    jit(&mut state, tenant, set, "r1");
+    let (mut state, tenant, set, jobs) = acquired(1);
+    let job = jobs[0];
     state.start_job(job).unwrap();
     state.finish_job(job, "failed").unwrap();
     state.delete_scale_set(Some(tenant), set, false).unwrap();
