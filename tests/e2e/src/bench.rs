@@ -31,7 +31,8 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use test_harness::requests::{
-    diff, is_write_verb, parse_requests, parse_terminated_watchers, sum_by_label,
+    diff, is_write_verb, parse_closed_watches, parse_requests, parse_terminated_watchers,
+    sum_by_label,
 };
 
 use crate::checks;
@@ -202,6 +203,10 @@ pub struct BenchReport {
     /// its watchers' events arrive late, whoever makes them, so a run with any is an overloaded run
     /// (docs/benchmarks.md, "Teardown").
     pub terminated_watchers: BTreeMap<String, u64>,
+    /// The same closed watches from the API server's log line for each: whose watch (its resource, scope and
+    /// selectors) and where its events were held up, sending to the client or converting inside the server
+    /// ([`parse_closed_watches`]).
+    pub closed_watches: BTreeMap<String, u64>,
     /// The manager's passes over the run, by controller (`controller_runtime_reconcile_total`): what its own CPU
     /// goes to, as a pass of a set or a scale set looks at every runner of it.
     pub manager_passes: BTreeMap<String, u64>,
@@ -255,6 +260,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     let runners = RunnerWatch::start(world.client(), world.namespace());
     // Let the watch list before the burst.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // The log's part starts before the counters are read, so that it holds every closed watch they count.
+    let apiserver_log = world.ctx.control_plane.dir().join("kube-apiserver.log");
+    let log_before = file_len(&apiserver_log);
     let metrics_before = test_harness::requests::metrics(&world.client()).await?;
     let requests_before = parse_requests(&metrics_before, true);
     let closed_before = parse_terminated_watchers(&metrics_before);
@@ -316,6 +324,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     let metrics_after = test_harness::requests::metrics(&world.client()).await?;
     let requests_after = parse_requests(&metrics_after, true);
     report.terminated_watchers = diff(&closed_before, &parse_terminated_watchers(&metrics_after));
+    report.closed_watches = parse_closed_watches(&read_from(&apiserver_log, log_before));
     let cpu_after = cpu_ticks_of(&processes);
     report.cpu_secs = cpu_secs_between(&cpu_before, &cpu_after);
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
@@ -904,6 +913,25 @@ pub(crate) const TICKS_PER_SEC: f64 = 100.0;
 
 /// The processes whose CPU time a run reports, by name: the manager, the listener, the control plane's
 /// components and this process (the fake Actions Service and the simulated runners live here).
+/// The length of file `path` now (0 when it cannot be read): where a later [`read_from`] starts.
+fn file_len(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |meta| meta.len())
+}
+
+/// What file `path` holds from byte `offset` on (empty when it cannot be read): the part of a log written since.
+fn read_from(path: &std::path::Path, offset: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut text = Vec::new();
+    let read = std::fs::File::open(path).and_then(|mut file| {
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_to_end(&mut text)
+    });
+    match read {
+        Ok(_) => String::from_utf8_lossy(&text).into_owned(),
+        Err(_) => String::new(),
+    }
+}
+
 pub(crate) async fn measured_processes(world: &World) -> Result<Vec<(String, u32)>> {
     let mut processes = world.ctx.control_plane.component_pids();
     processes.extend(world.manager_pid().map(|pid| ("manager".to_owned(), pid)));

@@ -41,6 +41,16 @@ async fn a_small_bench_run_reports_every_figure_within_the_call_budget() {
         "{exits_seen} exits seen for {jobs} runners: {:?}",
         report.teardown_stages
     );
+    // Every watch the API server closed for falling behind is placed by its log: whose it was, and where its events
+    // were held up (the log's part of the run starts a moment before the counters', so it may hold one more).
+    let placed: u64 = report.closed_watches.values().sum();
+    let counted: u64 = report.terminated_watchers.values().sum();
+    assert!(
+        placed >= counted,
+        "{counted} watches closed, {placed} placed: {:?} {:?}",
+        report.terminated_watchers,
+        report.closed_watches
+    );
     // The teardown's finer stages, from the manager's own clock: every stage of every finished runner's pass.
     for stage in controller::metrics::teardown_stage::ALL {
         let seen = report

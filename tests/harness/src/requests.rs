@@ -35,6 +35,84 @@ pub fn parse_terminated_watchers(metrics: &str) -> BTreeMap<String, u64> {
     sum_by_label(metrics, "apiserver_terminated_watchers_total", "resource")
 }
 
+/// The watches the API server closed for falling behind, from its own log line for each (`Forcing <resource>
+/// watcher close due to unresponsiveness`), by whose watch and which end was behind: the watch's scope and
+/// selectors say whose it is (the control plane's own watches take every namespace without a selector; the
+/// manager's take runner pods by label), and the watcher's result buffer says where its events were held up. With
+/// events in it, they waited to be encoded and written to the client (`sending behind`: a client that reads
+/// slowly, or a writer short of CPU); with it empty, they waited for the API server's own goroutine of the watch to
+/// convert them (`converting behind`: a server short of CPU). `log` is the part of the log written during a run.
+pub fn parse_closed_watches(log: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in log.lines() {
+        if let Some(watch) = ClosedWatch::parse(line) {
+            *counts.entry(watch.describe()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// One watch closed for falling behind, as the API server logs it.
+#[derive(Debug, PartialEq, Eq)]
+struct ClosedWatch<'a> {
+    resource: &'a str,
+    key: &'a str,
+    labels: &'a str,
+    fields: &'a str,
+    /// Events converted for the client but not yet encoded and written to it.
+    result_len: u64,
+}
+
+impl<'a> ClosedWatch<'a> {
+    fn parse(line: &'a str) -> Option<Self> {
+        let (_, rest) = line.split_once("Forcing ")?;
+        let (resource, rest) = rest.split_once(" watcher close due to unresponsiveness")?;
+        let quoted = |name: &str| -> Option<&'a str> {
+            let (_, after) = rest.split_once(&format!("{name}: \""))?;
+            Some(after.split_once('"')?.0)
+        };
+        let (_, result) = rest.split_once("len(c.result) = ")?;
+        let digits = result
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(result.len());
+        Some(Self {
+            resource,
+            key: quoted("key")?,
+            labels: quoted("labels")?,
+            fields: quoted("fields")?,
+            result_len: result[..digits].parse().ok()?,
+        })
+    }
+
+    fn describe(&self) -> String {
+        // The key is the storage prefix of what is watched: it ends in the resource's own name for a watch of every
+        // namespace, and in the namespace's name for a watch of one.
+        let last = self
+            .key
+            .trim_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or_default();
+        let scope = if self.resource.contains(last) {
+            "every namespace".to_owned()
+        } else {
+            format!("namespace {last}")
+        };
+        let selector = match (self.labels, self.fields) {
+            ("", "") => "no selector".to_owned(),
+            (labels, "") => format!("labels {labels}"),
+            ("", fields) => format!("fields {fields}"),
+            (labels, fields) => format!("labels {labels}, fields {fields}"),
+        };
+        let behind = if self.result_len > 0 {
+            "sending behind"
+        } else {
+            "converting behind"
+        };
+        format!("{} ({scope}, {selector}): {behind}", self.resource)
+    }
+}
+
 /// The samples of counter `name` (its full sample name, `_total` included) summed by the value of `label`.
 pub fn sum_by_label(metrics: &str, name: &str, label_name: &str) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
@@ -110,6 +188,41 @@ pub fn diff(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn closed_watches_by_whose_watch_and_where_events_were_held_up() {
+        // Lines as kube-apiserver v1.36 wrote them in a 2000-runner benchmark run, and one that is not about a watch.
+        let log = r#"I1207 19:31:40.385725   31976 cache_watcher.go:203] Forcing pods watcher close due to unresponsiveness: key: "/pods/", labels: "", fields: "". len(c.input) = 10, len(c.result) = 10, graceful = false
+I1207 19:31:40.385943   31976 cache_watcher.go:203] Forcing pods watcher close due to unresponsiveness: key: "/pods/", labels: "", fields: "". len(c.input) = 10, len(c.result) = 10, graceful = false
+I1207 19:31:40.386066   31976 cache_watcher.go:203] Forcing pods watcher close due to unresponsiveness: key: "/pods/bench-31922-0/", labels: "actions-ephemeral-runner=True", fields: "". len(c.input) = 10, len(c.result) = 0, graceful = false
+I1207 19:31:41.000000   31976 cache_watcher.go:203] Forcing ephemeralrunners.actions.github.com watcher close due to unresponsiveness: key: "/actions.github.com/ephemeralrunners/bench-31922-0/", labels: "", fields: "spec.nodeName=a". len(c.input) = 10, len(c.result) = 3, graceful = false
+I1207 19:31:42.000000   31976 httplog.go:134] "HTTP" verb="WATCH" URI="/api/v1/pods?watch=true"
+"#;
+        let closed = parse_closed_watches(log);
+        assert_eq!(
+            closed,
+            BTreeMap::from([
+                (
+                    "pods (every namespace, no selector): sending behind".to_owned(),
+                    2
+                ),
+                (
+                    "pods (namespace bench-31922-0, labels actions-ephemeral-runner=True): converting behind"
+                        .to_owned(),
+                    1
+                ),
+                (
+                    "ephemeralrunners.actions.github.com (namespace bench-31922-0, fields spec.nodeName=a): sending behind"
+                        .to_owned(),
+                    1
+                ),
+            ])
+        );
+        assert!(
+            parse_closed_watches("Forcing pods watcher close due to unresponsiveness: key")
+                .is_empty()
+        );
+    }
 
     #[test]
     fn terminated_watchers_by_resource() {

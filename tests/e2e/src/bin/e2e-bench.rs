@@ -218,6 +218,12 @@ fn print_report(r: &BenchReport) {
         for (resource, n) in &r.terminated_watchers {
             println!("    {resource:<40} {n}");
         }
+        println!(
+            "  whose, from the API server's log (held up sending to the client, or converting inside the server):"
+        );
+        for (watch, n) in &r.closed_watches {
+            println!("    {watch} {n}");
+        }
     }
     print_flags(&r.manager_flags, &r.flags_differing_from_chart);
     println!(
