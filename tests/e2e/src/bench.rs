@@ -262,7 +262,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The log's part starts before the counters are read, so that it holds every closed watch they count.
     let apiserver_log = world.ctx.control_plane.dir().join("kube-apiserver.log");
-    let log_before = file_len(&apiserver_log);
+    let log_before = test_harness::process::file_len(&apiserver_log);
     let metrics_before = test_harness::requests::metrics(&world.client()).await?;
     let requests_before = parse_requests(&metrics_before, true);
     let closed_before = parse_terminated_watchers(&metrics_before);
@@ -324,7 +324,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport> {
     let metrics_after = test_harness::requests::metrics(&world.client()).await?;
     let requests_after = parse_requests(&metrics_after, true);
     report.terminated_watchers = diff(&closed_before, &parse_terminated_watchers(&metrics_after));
-    report.closed_watches = parse_closed_watches(&read_from(&apiserver_log, log_before));
+    report.closed_watches = parse_closed_watches(
+        &test_harness::process::read_from(&apiserver_log, log_before).unwrap_or_default(),
+    );
     let cpu_after = cpu_ticks_of(&processes);
     report.cpu_secs = cpu_secs_between(&cpu_before, &cpu_after);
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
@@ -913,25 +915,6 @@ pub(crate) const TICKS_PER_SEC: f64 = 100.0;
 
 /// The processes whose CPU time a run reports, by name: the manager, the listener, the control plane's
 /// components and this process (the fake Actions Service and the simulated runners live here).
-/// The length of file `path` now (0 when it cannot be read): where a later [`read_from`] starts.
-fn file_len(path: &std::path::Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |meta| meta.len())
-}
-
-/// What file `path` holds from byte `offset` on (empty when it cannot be read): the part of a log written since.
-fn read_from(path: &std::path::Path, offset: u64) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut text = Vec::new();
-    let read = std::fs::File::open(path).and_then(|mut file| {
-        file.seek(SeekFrom::Start(offset))?;
-        file.read_to_end(&mut text)
-    });
-    match read {
-        Ok(_) => String::from_utf8_lossy(&text).into_owned(),
-        Err(_) => String::new(),
-    }
-}
-
 pub(crate) async fn measured_processes(world: &World) -> Result<Vec<(String, u32)>> {
     let mut processes = world.ctx.control_plane.component_pids();
     processes.extend(world.manager_pid().map(|pid| ("manager".to_owned(), pid)));

@@ -164,14 +164,23 @@ pub fn log_tail(path: &Path, max: u64) -> String {
 }
 
 fn read_tail(path: &Path, max: u64) -> String {
-    let Ok(mut file) = File::open(path) else {
-        return format!("(no log at {})", path.display());
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(max)));
+    read_from(path, file_len(path).saturating_sub(max))
+        .unwrap_or_else(|| format!("(no log at {})", path.display()))
+}
+
+/// The length of the file at `path` now (0 when it cannot be read): where a later [`read_from`] starts.
+pub fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |meta| meta.len())
+}
+
+/// What the file at `path` holds from byte `offset` on (a log's part written since), `None` when it cannot be
+/// opened.
+pub fn read_from(path: &Path, offset: u64) -> Option<String> {
+    let mut file = File::open(path).ok()?;
+    let _ = file.seek(SeekFrom::Start(offset));
     let mut buf = Vec::new();
     let _ = file.read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).into_owned()
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// Removes `dir` once the test process has gone and its servers had time to stop, unless

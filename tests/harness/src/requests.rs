@@ -53,7 +53,6 @@ pub fn parse_closed_watches(log: &str) -> BTreeMap<String, u64> {
 }
 
 /// One watch closed for falling behind, as the API server logs it.
-#[derive(Debug, PartialEq, Eq)]
 struct ClosedWatch<'a> {
     resource: &'a str,
     key: &'a str,

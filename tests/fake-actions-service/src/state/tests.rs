@@ -99,8 +99,16 @@ fn jit(state: &mut State, tenant: i64, set: i64, name: &str) -> JitResponse {
 }
 
 /// A tenant with scale set "set" whose session acquired `count` jobs, and runner "r1" registered (online at once)
-/// to take one: the state, the tenant, the set and the jobs.
-fn acquired(count: u32) -> (State, i64, i64, Vec<i64>) {
+/// to take one.
+struct Acquired {
+    state: State,
+    tenant: i64,
+    set: i64,
+    jobs: Vec<i64>,
+    runner: i64,
+}
+
+fn acquired(count: u32) -> Acquired {
     let mut state = state_with(Config {
         auto_online_runners: true,
         ..Config::default()
@@ -110,8 +118,14 @@ fn acquired(count: u32) -> (State, i64, i64, Vec<i64>) {
     let sess = session(&mut state, tenant, set).session_id;
     let jobs = enqueue(&mut state, set, count);
     state.acquire_jobs(tenant, set, &sess, &jobs).unwrap();
-    jit(&mut state, tenant, set, "r1");
-    (state, tenant, set, jobs)
+    let runner = jit(&mut state, tenant, set, "r1").runner.id;
+    Acquired {
+        state,
+        tenant,
+        set,
+        jobs,
+        runner,
+    }
 }
 
 #[test]
@@ -456,16 +470,14 @@ fn forced_expiry_of_admin_tokens() {
 
 #[test]
 fn removing_a_busy_runner_is_refused_unknown_is_fine() {
-    let mut state = state_with(Config {
-        auto_online_runners: true,
-        ..Config::default()
-    });
-    let (tenant, _) = register(&mut state);
-    let set = create_set(&mut state, tenant, "set");
-    let sess = session(&mut state, tenant, set).session_id;
-    let job = enqueue(&mut state, set, 1)[0];
-    state.acquire_jobs(tenant, set, &sess, &[job]).unwrap();
-    let runner = jit(&mut state, tenant, set, "r1").runner.id;
+    let Acquired {
+        mut state,
+        tenant,
+        jobs,
+        runner,
+        ..
+    } = acquired(1);
+    let job = jobs[0];
     assert_eq!(state.job_view(job).unwrap().runner_id, Some(runner));
     let refused = state.remove_runner(tenant, runner).unwrap_err();
     assert_eq!(refused.status, 400);
@@ -615,7 +627,13 @@ fn update_merges_present_fields_only() {
 
 #[test]
 fn deleting_a_scale_set_requeues_its_jobs_for_a_successor() {
-    let (mut state, tenant, set, jobs) = acquired(2);
+    let Acquired {
+        mut state,
+        tenant,
+        set,
+        jobs,
+        ..
+    } = acquired(2);
     state.start_job(jobs[0]).unwrap();
     let busy = state
         .delete_scale_set(Some(tenant), set, false)
@@ -637,7 +655,9 @@ fn deleting_a_scale_set_requeues_its_jobs_for_a_successor() {
 
 #[test]
 fn completed_among_counts_only_the_given_jobs_that_completed() {
-    let (mut state, _, _, jobs) = acquired(3);
+    let Acquired {
+        mut state, jobs, ..
+    } = acquired(3);
     state.start_job(jobs[0]).unwrap();
     assert_eq!(state.completed_among(&jobs), 0, "started is not completed");
     state.finish_job(jobs[0], "succeeded").unwrap();
@@ -1335,7 +1355,13 @@ fn direct_delivery_assigns_a_rerun_at_once() {
 
 #[test]
 fn a_rerun_whose_scale_set_is_gone_waits_for_one_of_its_name() {
-    let (mut state, tenant, set, jobs) = acquired(1);
+    let Acquired {
+        mut state,
+        tenant,
+        set,
+        jobs,
+        ..
+    } = acquired(1);
     let job = jobs[0];
     state.start_job(job).unwrap();
     state.finish_job(job, "failed").unwrap();
