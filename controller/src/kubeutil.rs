@@ -138,7 +138,8 @@ where
 
 /// Replaces `obj`'s finalizers with `wanted` (and applies `also` in the same patch), failing (so the caller retries
 /// with fresh data) if the list changed since `obj` was read; a JSON patch `test` makes the check without locking
-/// the whole object.
+/// the whole object. A second `test` on the uid keeps the edit off a successor under the same name: a pass working
+/// from a cache that still holds a deleted object must not take the finalizers off the one created after it.
 async fn set_finalizers<K>(
     api: &Api<K>,
     obj: &K,
@@ -150,6 +151,12 @@ where
 {
     let current = obj.finalizers();
     let path = |p: &str| p.parse::<PointerBuf>().unwrap_or_default();
+    let same_object = obj.meta().uid.as_ref().map(|uid| {
+        PatchOperation::Test(TestOperation {
+            path: path("/metadata/uid"),
+            value: uid.as_str().into(),
+        })
+    });
     let operations = if current.is_empty() {
         vec![
             PatchOperation::Test(TestOperation {
@@ -173,7 +180,11 @@ where
             }),
         ]
     };
-    let operations: Vec<PatchOperation> = operations.into_iter().chain(also).collect();
+    let operations: Vec<PatchOperation> = same_object
+        .into_iter()
+        .chain(operations)
+        .chain(also)
+        .collect();
     let (name, namespace) = name_and_namespace(obj)?;
     match api
         .patch(
@@ -194,6 +205,33 @@ where
             source: Box::new(source),
         }),
     }
+}
+
+/// `obj` as the API server has it now (not a cache), when it is still the object being deleted that carries one of
+/// `finalizers`; `None` when it is gone, replaced by another of the same name, or no longer waits on them.
+///
+/// A deletion pass runs from the controller's cache, which can still hold an object the pass before finished:
+/// that pass's own writes (the last finalizer edit, an annotation) queue one more, and the cache learns of the
+/// deletion only after. Everything a deletion pass does goes by name (children, Helm's protected objects, the
+/// listener's pod and RBAC), so such a pass run after a reinstall under the same names would take the new
+/// install's objects apart. Reading the object first makes every deletion pass work on the object that is there.
+pub async fn still_finalizing<K>(api: &Api<K>, obj: &K, finalizers: &[&str]) -> Result<Option<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let (name, namespace) = name_and_namespace(obj)?;
+    let fresh = get_if_present(api, &name, &namespace).await?;
+    Ok(fresh.filter(|fresh| is_still_finalizing(obj, fresh, finalizers)))
+}
+
+/// Whether `fresh` (read from the API server) is `cached` (same uid), being deleted, with one of `finalizers` left.
+fn is_still_finalizing<K: Resource>(cached: &K, fresh: &K, finalizers: &[&str]) -> bool {
+    cached.meta().uid.is_some()
+        && fresh.meta().uid == cached.meta().uid
+        && fresh.meta().deletion_timestamp.is_some()
+        && finalizers
+            .iter()
+            .any(|finalizer| has_finalizer(fresh, finalizer))
 }
 
 /// Reads `name` from the API server (not a cache); `None` when it does not exist.
@@ -313,6 +351,49 @@ mod tests {
         );
         assert_eq!(with_finalizers(&list(&["b", "a"]), &["a", "b"]), None);
         assert_eq!(with_finalizers(&list(&["x"]), &[]), None);
+    }
+
+    fn runner_set(uid: &str, deleting: bool, finalizers: &[&str]) -> crds::EphemeralRunnerSet {
+        let mut set = crds::EphemeralRunnerSet::new("s", Default::default());
+        set.metadata.uid = Some(uid.to_owned());
+        set.metadata.deletion_timestamp =
+            deleting.then_some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        set.metadata.finalizers = Some(list(finalizers));
+        set
+    }
+
+    #[test]
+    fn only_the_same_object_still_being_deleted_with_a_finalizer_left_is_finalized() {
+        let cached = runner_set("u1", true, &["f"]);
+        assert!(is_still_finalizing(
+            &cached,
+            &runner_set("u1", true, &["x", "f"]),
+            &["g", "f"]
+        ));
+        // A successor under the same name, even one being deleted with the same finalizer.
+        assert!(!is_still_finalizing(
+            &cached,
+            &runner_set("u2", true, &["f"]),
+            &["f"]
+        ));
+        // The finalizer is gone (the pass before was the last), someone else's is left.
+        assert!(!is_still_finalizing(
+            &cached,
+            &runner_set("u1", true, &["x"]),
+            &["f"]
+        ));
+        // Not being deleted: nothing to finalize (a cache cannot run ahead of the server, but the check is exact).
+        assert!(!is_still_finalizing(
+            &cached,
+            &runner_set("u1", false, &["f"]),
+            &["f"]
+        ));
+        // Without a uid nothing can be told apart.
+        let mut anonymous = cached.clone();
+        anonymous.metadata.uid = None;
+        assert!(!is_still_finalizing(&anonymous, &anonymous.clone(), &["f"]));
     }
 
     /// The kind in errors comes from the type and reads as the literal kinds did.

@@ -3,17 +3,24 @@
 
 mod ars_support;
 
+use std::pin::pin;
 use std::time::Duration;
 
-use ars_support::{CREDENTIALS, Env};
+use ars_support::{CREDENTIALS, Env, WAIT};
+use controller::kubeutil::{remove_finalizers, still_finalizing};
+use crds::AutoscalingRunnerSet;
 use crds::constants::{
     AUTOSCALING_RUNNER_SET_FINALIZER, CLEANUP_GITHUB_SECRET_NAME_ANNOTATION,
     CLEANUP_PROTECTION_FINALIZER, RUNNER_SCALE_SET_ID_ANNOTATION,
 };
+use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -373,6 +380,196 @@ async fn deletion_cleans_up_everything_even_across_a_restart() {
             .contains(&CLEANUP_PROTECTION_FINALIZER.to_owned())
     );
     manager.stop().await;
+}
+
+/// A protected Secret (Helm's kind, named on the set) and a set that names it, as `helm install` creates them.
+async fn install_protected(env: &Env, name: &str, secret: &str) -> (String, String) {
+    let protected = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret.to_owned()),
+            finalizers: Some(vec![CLEANUP_PROTECTION_FINALIZER.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    };
+    let protected = env
+        .ctx
+        .api::<Secret>()
+        .create(&PostParams::default(), &protected)
+        .await
+        .expect("create the protected Secret");
+    let mut set = AutoscalingRunnerSet::new(name, env.runner_set_spec());
+    set.metadata.annotations = Some(
+        [(
+            CLEANUP_GITHUB_SECRET_NAME_ANNOTATION.to_owned(),
+            secret.to_owned(),
+        )]
+        .into(),
+    );
+    let set = env
+        .runner_sets()
+        .create(&PostParams::default(), &set)
+        .await
+        .expect("create the set");
+    (set.uid().expect("uid"), protected.uid().expect("uid"))
+}
+
+/// `helm uninstall` then at once `helm install` of the same release, three times: the old set's deletion ends with
+/// passes that can run from a cache still holding it (its own last writes queue them), and everything such a pass
+/// does goes by name; it must leave the new install's objects alone. The protected Secret of the new install keeps
+/// its finalizer, and the new set gets its own runner set and listener and keeps them.
+#[tokio::test]
+async fn a_set_installed_again_the_moment_the_old_one_is_gone_keeps_everything_it_was_given() {
+    const SET: &str = "again";
+    const PROTECTED: &str = "again-protected";
+    let env = Env::new("ars-again").await;
+    let manager = env.start(env.options());
+    let secrets = env.ctx.api::<Secret>();
+    install_protected(&env, SET, PROTECTED).await;
+    for round in 0..3 {
+        let listener = wait_for_listener(&env, SET).await;
+        env.eventually("the runner set", || async {
+            env.ephemeral_runner_sets().get_opt(SET).await.unwrap()
+        })
+        .await;
+        // Follow the set from before the uninstall, so the new install comes the moment its deletion ends.
+        let sets = env.runner_sets();
+        let config = watcher::Config::default().fields(&format!("metadata.name={SET}"));
+        let mut events = pin!(watcher(sets.clone(), config));
+        loop {
+            if let Some(Ok(watcher::Event::InitDone)) = events.next().await {
+                break;
+            }
+        }
+        sets.delete(SET, &DeleteParams::default())
+            .await
+            .expect("delete the set");
+        secrets
+            .delete(PROTECTED, &DeleteParams::default())
+            .await
+            .expect("delete the protected Secret");
+        tokio::time::timeout(WAIT, async {
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Delete(_)) = event {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("the set's deletion ends");
+        let (set_uid, secret_uid) = install_protected(&env, SET, PROTECTED).await;
+
+        // The new set converges: a runner set and a listener of its own.
+        let new_listener = env
+            .eventually("the new set's listener", || async {
+                env.listeners()
+                    .get_opt(&listener.name_any())
+                    .await
+                    .unwrap()
+                    .filter(|l| {
+                        l.uid() != listener.uid() && l.metadata.deletion_timestamp.is_none()
+                    })
+            })
+            .await;
+        let runner_set = env
+            .eventually("the new set's runner set", || async {
+                env.ephemeral_runner_sets()
+                    .get_opt(SET)
+                    .await
+                    .unwrap()
+                    .filter(|ers| ers.owner_references().iter().any(|o| o.uid == set_uid))
+            })
+            .await;
+        let set = env.runner_set(SET).await.expect("the new set");
+        assert_eq!(
+            set.uid().as_deref(),
+            Some(set_uid.as_str()),
+            "round {round}"
+        );
+        assert!(set.metadata.deletion_timestamp.is_none(), "round {round}");
+        assert!(
+            set.finalizers()
+                .contains(&AUTOSCALING_RUNNER_SET_FINALIZER.to_owned()),
+            "round {round}: {:?}",
+            set.finalizers()
+        );
+        assert!(
+            runner_set.metadata.deletion_timestamp.is_none(),
+            "round {round}"
+        );
+        assert!(
+            new_listener.metadata.deletion_timestamp.is_none(),
+            "round {round}"
+        );
+        let secret = secrets.get(PROTECTED).await.expect("the new Secret");
+        assert_eq!(
+            secret.uid().as_deref(),
+            Some(secret_uid.as_str()),
+            "round {round}"
+        );
+        assert!(
+            secret
+                .finalizers()
+                .contains(&CLEANUP_PROTECTION_FINALIZER.to_owned()),
+            "round {round}: the new install's Secret lost its protection: {:?}",
+            secret.finalizers()
+        );
+    }
+    manager.stop().await;
+}
+
+/// The deletion helpers' guards against a copy of a deleted object from a cache: once an object is gone and
+/// another takes its name, the copy is no longer "still finalizing", and a finalizer edit made from it leaves the
+/// successor as it is (the uid is part of the edit's precondition).
+#[tokio::test]
+async fn a_copy_of_a_deleted_object_touches_nothing_of_its_successor() {
+    const FINALIZER: &str = "arc-rs.test/guard";
+    let env = Env::new("ars-guard").await;
+    let api = env.ctx.api::<ConfigMap>();
+    let create = || async {
+        let object = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("guarded".to_owned()),
+                finalizers: Some(vec![FINALIZER.to_owned()]),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        api.create(&PostParams::default(), &object)
+            .await
+            .expect("create");
+        api.delete("guarded", &DeleteParams::default())
+            .await
+            .expect("delete");
+        api.get("guarded").await.expect("being deleted")
+    };
+    let first = create().await;
+    let fresh = still_finalizing(&api, &first, &[FINALIZER])
+        .await
+        .expect("read")
+        .expect("the object being deleted is still finalizing");
+    assert_eq!(fresh.uid(), first.uid());
+    remove_finalizers(&api, &fresh, &[FINALIZER])
+        .await
+        .expect("finalize");
+    assert!(api.get_opt("guarded").await.unwrap().is_none());
+
+    let successor = create().await;
+    assert!(
+        still_finalizing(&api, &first, &[FINALIZER])
+            .await
+            .expect("read")
+            .is_none(),
+        "the copy of the first object is finalizing the successor"
+    );
+    // From the stale copy the edit is refused; the successor keeps its finalizer.
+    assert!(remove_finalizers(&api, &first, &[FINALIZER]).await.is_err());
+    let now = api.get("guarded").await.expect("the successor");
+    assert_eq!(now.uid(), successor.uid());
+    assert_eq!(now.finalizers(), [FINALIZER.to_owned()]);
+    remove_finalizers(&api, &now, &[FINALIZER])
+        .await
+        .expect("finalize the successor");
 }
 
 #[tokio::test]

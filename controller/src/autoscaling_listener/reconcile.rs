@@ -47,8 +47,8 @@ use crate::actions::read_secret;
 use crate::error::{Error, Result, is_status};
 use crate::hash::integrity_hash;
 use crate::kubeutil::{
-    add_finalizers, controller_ref, delete_if_present, get_if_present, has_finalizer,
-    name_and_namespace, remove_finalizers,
+    add_finalizers, controller_ref, delete_if_present, get_if_present, name_and_namespace,
+    remove_finalizers, still_finalizing,
 };
 use crate::listener_tasks::ListenerTasks;
 use crate::metrics::ScaleSetLabels;
@@ -68,7 +68,18 @@ pub async fn reconcile(
 ) -> Result<Action> {
     let step = Step::new(&listener, &ctx)?;
     if listener.meta().deletion_timestamp.is_some() {
-        return step.finalize().await;
+        // The deletion works on the listener as it is now: a cached one its last pass already finalized shares its
+        // name (and its pod's, its loop's, its RBAC's) with the listener of a set reinstalled since.
+        let fresh = still_finalizing(
+            &step.listeners,
+            &*listener,
+            &[AUTOSCALING_LISTENER_FINALIZER],
+        )
+        .await?;
+        return match fresh {
+            Some(fresh) => Step::new(&fresh, &ctx)?.finalize().await,
+            None => Ok(Action::await_change()),
+        };
     }
     if add_finalizers(
         &step.listeners,
@@ -720,11 +731,9 @@ impl<'a> Step<'a> {
     }
 
     /// Deletion: the loop this manager runs for the listener stops (its session closed), everything this
-    /// controller created goes, then the finalizer.
+    /// controller created goes, then the finalizer. Runs on the listener as just read from the API server, still
+    /// carrying its finalizer.
     async fn finalize(&self) -> Result<Action> {
-        if !has_finalizer(self.listener, AUTOSCALING_LISTENER_FINALIZER) {
-            return Ok(Action::await_change());
-        }
         if let Some(tasks) = &self.ctx.base.listener_tasks {
             tasks.stop(&ObjectRef::from_obj(self.listener)).await;
         }

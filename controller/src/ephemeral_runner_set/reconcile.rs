@@ -49,12 +49,19 @@ use crate::ephemeral_runner::facts::{
 use crate::error::{Error, Result};
 use crate::hash::{integrity_hash, runner_spec_hash};
 use crate::kubeutil::{
-    add_finalizers, controller_ref, delete_if_present, has_finalizer, is_controlled_by,
-    name_and_namespace, remove_finalizers,
+    add_finalizers, controller_ref, delete_if_present, is_controlled_by, name_and_namespace,
+    remove_finalizers, still_finalizing,
 };
 use crate::metrics::{RunnerLabels, ScaleSetLabels};
 use crate::options::ERS_FIELD_MANAGER;
 use crate::pods::CachedPod;
+
+/// The finalizers a set's deletion removes: its own, and the one ARC up to 0.14 marks its runner sets with (its
+/// runners' finalizer), which nothing else removes.
+const DELETION_FINALIZERS: [&str; 2] = [
+    EPHEMERAL_RUNNER_SET_FINALIZER,
+    LEGACY_EPHEMERAL_RUNNER_SET_FINALIZER,
+];
 
 /// Reconciles one EphemeralRunnerSet.
 #[tracing::instrument(skip(set, lane), fields(set = %set.name_any(), namespace = set.namespace().unwrap_or_default()))]
@@ -62,7 +69,13 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, lane: Arc<SetContext>) -> R
     let ctx = lane.base.as_ref();
     let step = SetStep::new(&set, ctx, &lane.runners)?;
     if set.meta().deletion_timestamp.is_some() {
-        return step.finalize().await;
+        // The deletion works on the set as it is now: a cached one its last pass already finalized shares its name
+        // (and so its runners, which are matched by name) with a set made since.
+        let fresh = still_finalizing(&step.api, &*set, &DELETION_FINALIZERS).await?;
+        return match fresh {
+            Some(fresh) => SetStep::new(&fresh, ctx, &lane.runners)?.finalize().await,
+            None => Ok(Action::await_change()),
+        };
     }
     if set.is_superseded() {
         // A runner set an earlier controller left beside the scale set's own (ARC up to 0.14): never scaled, even
@@ -672,18 +685,8 @@ impl<'a> SetStep<'a> {
 
     /// Deletion (docs/reference/controllers.md, "ERS deletion"): runners first (busy ones are waited for), then the
     /// proxy Secret, then the finalizer.
+    /// Runs on the set as just read from the API server, still carrying one of [`DELETION_FINALIZERS`].
     async fn finalize(&self) -> Result<Action> {
-        // ARC up to 0.14 marks its runner sets with its runners' finalizer instead; nothing else removes it.
-        const FINALIZERS: [&str; 2] = [
-            EPHEMERAL_RUNNER_SET_FINALIZER,
-            LEGACY_EPHEMERAL_RUNNER_SET_FINALIZER,
-        ];
-        if !FINALIZERS
-            .iter()
-            .any(|finalizer| has_finalizer(self.set, finalizer))
-        {
-            return Ok(Action::await_change());
-        }
         if !self.cleanup().await? {
             // Busy runners finish and go, idle ones are already being deleted: each deletion is an event of
             // this set.
@@ -693,7 +696,7 @@ impl<'a> SetStep<'a> {
         if self.set.spec.ephemeral_runner_spec.proxy.is_some() {
             delete_if_present(&self.secrets, &self.proxy_secret_name(), &self.namespace).await?;
         }
-        remove_finalizers(&self.api, self.set, &FINALIZERS).await?;
+        remove_finalizers(&self.api, self.set, &DELETION_FINALIZERS).await?;
         self.ctx.expectations.forget(&self.key);
         self.ctx.completions.forget(&self.key);
         Ok(Action::await_change())

@@ -23,11 +23,9 @@ use crate::kubeutil::{delete_if_present, remove_finalizers};
 
 impl Step<'_> {
     /// Deletion (docs/reference/controllers.md, "ARS deletion"), in order; each step waits until its objects are
-    /// gone.
+    /// gone. Runs on the set as just read from the API server, still carrying the finalizer
+    /// ([`crate::kubeutil::still_finalizing`]): everything below goes by name.
     pub(super) async fn finalize(&self) -> Result<Action> {
-        if !self.has_finalizer() {
-            return Ok(Action::await_change());
-        }
         let current = desired_listener_name(self.runner_set);
         let mut listeners = self.orphan_listeners(&current);
         listeners.push(current);

@@ -48,7 +48,7 @@ use super::RunnerSetContext;
 use super::conditions::{self, Finding};
 use super::desired::runner_set_hash;
 use crate::error::{Error, Result};
-use crate::kubeutil::{add_finalizers, has_finalizer, name_and_namespace};
+use crate::kubeutil::{add_finalizers, name_and_namespace, still_finalizing};
 use crate::metrics::RunnerLabels;
 
 /// Come back soon: waiting for a child to go away or appear.
@@ -64,7 +64,13 @@ pub async fn reconcile(
 ) -> Result<Action> {
     let step = Step::new(&runner_set, &ctx)?;
     if runner_set.meta().deletion_timestamp.is_some() {
-        return step.finalize().await;
+        // The deletion works on the set as it is now, never on a cached one its last pass already finalized.
+        let fresh =
+            still_finalizing(&step.api, &*runner_set, &[AUTOSCALING_RUNNER_SET_FINALIZER]).await?;
+        return match fresh {
+            Some(fresh) => Step::new(&fresh, &ctx)?.finalize().await,
+            None => Ok(Action::await_change()),
+        };
     }
     let version = runner_set
         .labels()
@@ -217,10 +223,6 @@ impl<'a> Step<'a> {
             name: self.name.clone(),
             namespace: self.namespace.clone(),
         }
-    }
-
-    fn has_finalizer(&self) -> bool {
-        has_finalizer(self.runner_set, AUTOSCALING_RUNNER_SET_FINALIZER)
     }
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
