@@ -13,7 +13,7 @@ use chart_tests::{Chart, Template};
 use controller::{Manager, Options};
 use crds::{AutoscalingListener, AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use fake_actions_service::{EnqueueJobs, FakeActionsService, JobState, StateSnapshot};
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -709,14 +709,19 @@ impl World {
             Err(e) => out.push_str(&format!("reading the AutoscalingRunnerSet: {e}\n")),
         }
         if let Ok(listeners) = self.listeners().await {
-            out.push_str(&format!(
-                "listeners: {:?}\n",
-                listeners
-                    .iter()
-                    .map(ResourceExt::name_any)
-                    .collect::<Vec<_>>()
-            ));
+            for listener in listeners {
+                let meta = &listener.metadata;
+                out.push_str(&format!(
+                    "listener {}: deleting {:?}, finalizers {:?}, status {}\n",
+                    listener.name_any(),
+                    meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+                    meta.finalizers,
+                    serde_json::to_string(&listener.status).unwrap_or_default()
+                ));
+            }
         }
+        out.push_str(&self.rendered_diagnostics().await);
+        out.push_str(&self.warning_events().await);
         if let Ok(pods) = self.listener_pods().await {
             for pod in pods {
                 let name = pod.name_any();
@@ -739,6 +744,62 @@ impl World {
         out.push_str(&format!("executor errors: {:?}\n", self.executor_errors()));
         out.push_str(&format!("simulator: {:?}\n", self.simulator.stats()));
         out.push_str(&self.runner_diagnostics().await);
+        out
+    }
+
+    /// Each rendered object still there, with what holds it: an uninstall that does not finish shows here which
+    /// cleanup-protection finalizer was (or was not) released.
+    async fn rendered_diagnostics(&self) -> String {
+        let mut out = String::new();
+        for object in &self.rendered {
+            let found = match self.dynamic_api(object).await {
+                Ok((api, name)) => api.get_opt(&name).await.map_err(Error::from),
+                Err(error) => Err(error),
+            };
+            match found {
+                Ok(Some(found)) => out.push_str(&format!(
+                    "{}: deleting {:?}, finalizers {:?}\n",
+                    describe(object),
+                    found
+                        .metadata
+                        .deletion_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string()),
+                    found.metadata.finalizers
+                )),
+                Ok(None) => out.push_str(&format!("{}: gone\n", describe(object))),
+                Err(error) => out.push_str(&format!("{}: {error}\n", describe(object))),
+            }
+        }
+        out
+    }
+
+    /// The last Warning Events of the scale set's and the controller's namespaces (the controllers report there why
+    /// a step cannot go on).
+    async fn warning_events(&self) -> String {
+        const LAST: usize = 20;
+        let mut out = String::new();
+        for namespace in [self.namespace(), self.controller_namespace.as_str()] {
+            let events = Api::<Event>::namespaced(self.client(), namespace)
+                .list(&ListParams::default().fields("type=Warning"))
+                .await;
+            match events {
+                Ok(list) => {
+                    let skip = list.items.len().saturating_sub(LAST);
+                    for event in &list.items[skip..] {
+                        out.push_str(&format!(
+                            "Warning Event in {namespace} on {}/{}: {} x{}: {}\n",
+                            event.involved_object.kind.as_deref().unwrap_or("?"),
+                            event.involved_object.name.as_deref().unwrap_or("?"),
+                            event.reason.as_deref().unwrap_or("?"),
+                            event.count.unwrap_or(1),
+                            event.message.as_deref().unwrap_or_default()
+                        ));
+                    }
+                }
+                Err(error) => out.push_str(&format!("listing Events in {namespace}: {error}\n")),
+            }
+        }
         out
     }
 
