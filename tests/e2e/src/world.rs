@@ -1006,18 +1006,43 @@ impl World {
         }
     }
 
+    /// The world's jobs as the fake has them now: queued (or acquired, assigned), running, completed.
+    fn job_counts(&self, snapshot: &StateSnapshot) -> (usize, usize, usize) {
+        let ids = self.enqueued();
+        let (mut queued, mut running, mut done) = (0, 0, 0);
+        for job in snapshot.jobs.iter().filter(|j| ids.contains(&j.request_id)) {
+            match job.state {
+                JobState::Completed => done += 1,
+                JobState::Running => running += 1,
+                _ => queued += 1,
+            }
+        }
+        (queued, running, done)
+    }
+
+    /// Waits until at least `n` of the world's jobs run at the same time. Each look reads only the fake's state (in
+    /// this process, no request): a look that also lists objects from a loaded API server can take seconds, and
+    /// ten 5 s jobs once started and finished between two such looks in CI.
+    pub async fn wait_jobs_running(&self, n: usize, timeout: Duration) -> Result<()> {
+        self.eventually(&format!("{n} running jobs"), timeout, || async {
+            let (queued, running, done) = self.job_counts(&self.fake.state().snapshot());
+            Ok((
+                running >= n,
+                format!("{queued} queued, {running} running, {done} done"),
+            ))
+        })
+        .await
+    }
+
     /// Counts now.
     pub async fn observe(&self) -> Result<Observation> {
         let snapshot = self.fake.state().snapshot();
-        let ids = self.enqueued();
         let mut observation = Observation::default();
-        for job in snapshot.jobs.iter().filter(|j| ids.contains(&j.request_id)) {
-            match job.state {
-                JobState::Completed => observation.jobs_done += 1,
-                JobState::Running => observation.jobs_running += 1,
-                _ => observation.jobs_queued += 1,
-            }
-        }
+        (
+            observation.jobs_queued,
+            observation.jobs_running,
+            observation.jobs_done,
+        ) = self.job_counts(&snapshot);
         let scale_set = self.scale_set_id();
         observation.registered_runners = snapshot
             .runners

@@ -79,13 +79,8 @@ async fn a_leader_stopped_mid_burst_hands_over_at_once_and_every_job_gets_one_ru
         .await
         .expect("the API server's request counts");
     world.enqueue(JOBS).expect("enqueue");
-    let under_way = world
-        .eventually("the burst under way", WAIT, || async {
-            let o = world.observe().await?;
-            Ok((o.jobs_running >= 5, format!("{o:?}")))
-        })
-        .await;
-    if let Err(error) = under_way {
+    // The burst under way.
+    if let Err(error) = world.wait_jobs_running(5, WAIT).await {
         panic!("{error}\n{}", world.diagnostics().await);
     }
     // SIGTERM, as a rolling update sends it; returns once the process has ended.

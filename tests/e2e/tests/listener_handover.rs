@@ -125,13 +125,8 @@ async fn sessions_move_to_the_next_leader_within_seconds_and_every_job_runs_once
 
     // A rolling update: SIGTERM to the leader mid-burst.
     enqueue_everywhere(&world);
-    let under_way = world
-        .eventually("the burst under way", WAIT, || async {
-            let o = world.observe().await?;
-            Ok((o.jobs_running >= 5, format!("{o:?}")))
-        })
-        .await;
-    if let Err(error) = under_way {
+    // The burst under way.
+    if let Err(error) = world.wait_jobs_running(5, WAIT).await {
         panic!("{error}\n{}", world.diagnostics().await);
     }
     let before = sessions(&world);

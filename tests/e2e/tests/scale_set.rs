@@ -98,13 +98,7 @@ async fn a_burst_of_jobs_assigned_directly_as_on_github_com_completes() {
 
 /// Waits until at least `n` of the world's jobs run.
 async fn wait_running(world: &World, n: usize) {
-    let result = world
-        .eventually(&format!("{n} running jobs"), WAIT, || async {
-            let o = world.observe().await?;
-            Ok((o.jobs_running >= n, format!("{o:?}")))
-        })
-        .await;
-    if let Err(error) = result {
+    if let Err(error) = world.wait_jobs_running(n, WAIT).await {
         panic!("{error}\n{}", world.diagnostics().await);
     }
 }
