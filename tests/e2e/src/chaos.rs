@@ -340,6 +340,12 @@ pub struct ChaosReport {
     pub busy_pods_taken: u32,
     /// Evictions the API server refused: busy runners, protected by their set's disruption budget.
     pub evictions_refused: u32,
+    /// Turns to take a pod away that took none: no running runner pod to take (or the list failed), or the delete
+    /// or eviction failed otherwise than with a refusal (the last such error); a run with fewer takes than its
+    /// turns says why.
+    pub pod_takes_without_pod: u32,
+    pub pod_takes_failed: u32,
+    pub pod_take_last_error: Option<String>,
     /// Jobs that failed because their runner's pod was taken away (expected: once each).
     pub jobs_interrupted_on_purpose: usize,
     /// Runner template changes.
@@ -448,13 +454,19 @@ impl ChaosReport {
         let _ = writeln!(
             out,
             "pods taken away: {} deleted, {} evicted ({} busy; {} jobs failed with them; {} evictions of busy \
-             runners refused); template changes: {} ({} pods after it, {} on the old template); JIT configs used \
-             twice: {}",
+             runners refused; {} turns found no running pod, {} failed{}); template changes: {} ({} pods after it, \
+             {} on the old template); JIT configs used twice: {}",
             self.pods_deleted,
             self.pods_evicted,
             self.busy_pods_taken,
             self.jobs_interrupted_on_purpose,
             self.evictions_refused,
+            self.pod_takes_without_pod,
+            self.pod_takes_failed,
+            self.pod_take_last_error
+                .as_deref()
+                .map(|error| format!(", the last: {error}"))
+                .unwrap_or_default(),
             self.template_changes,
             self.pods_after_template_change,
             self.pods_on_old_template,
@@ -522,6 +534,9 @@ struct Tally {
     pods_evicted: u32,
     busy_pods_taken: u32,
     evictions_refused: u32,
+    pod_takes_without_pod: u32,
+    pod_takes_failed: u32,
+    pod_take_last_error: Option<String>,
     /// When the set's runner template was seen changed.
     template_changed_at: Option<Timestamp>,
     problems: Vec<String>,
@@ -757,6 +772,9 @@ pub async fn run(world: &World, config: &ChaosConfig) -> Result<ChaosReport> {
         pods_evicted: tally.pods_evicted,
         busy_pods_taken: tally.busy_pods_taken,
         evictions_refused: tally.evictions_refused,
+        pod_takes_without_pod: tally.pod_takes_without_pod,
+        pod_takes_failed: tally.pod_takes_failed,
+        pod_take_last_error: tally.pod_take_last_error.take(),
         jobs_interrupted_on_purpose: world.simulator.jobs_interrupted_on_purpose().len(),
         template_changes: u32::from(tally.template_changed_at.is_some()),
         pods_after_template_change: template.0,
@@ -1363,6 +1381,7 @@ async fn disruptions(run: &Run<'_>) {
             continue;
         }
         let Ok(list) = pods.list(&selector).await else {
+            run.tally().pod_takes_without_pod += 1;
             continue;
         };
         let running: Vec<Pod> = list
@@ -1374,6 +1393,7 @@ async fn disruptions(run: &Run<'_>) {
             })
             .collect();
         if running.is_empty() {
+            run.tally().pod_takes_without_pod += 1;
             continue;
         }
         // Alternate, counting only the ones that happened: a run with a handful of disruptions (the API-server
@@ -1439,7 +1459,12 @@ async fn disruptions(run: &Run<'_>) {
                 ));
                 run.tally().evictions_refused += 1;
             }
-            Err(error) => run.event(&format!("taking pod {name} away failed: {error}")),
+            Err(error) => {
+                run.event(&format!("taking pod {name} away failed: {error}"));
+                let mut tally = run.tally();
+                tally.pod_takes_failed += 1;
+                tally.pod_take_last_error = Some(error.to_string());
+            }
         }
     }
 }
