@@ -684,8 +684,8 @@ impl<'a> SetStep<'a> {
     }
 
     /// Deletion (docs/reference/controllers.md, "ERS deletion"): runners first (busy ones are waited for), then the
-    /// proxy Secret, then the finalizer.
-    /// Runs on the set as just read from the API server, still carrying one of [`DELETION_FINALIZERS`].
+    /// proxy Secret, then the finalizer. Runs on the set as just read from the API server, still carrying one of
+    /// [`DELETION_FINALIZERS`].
     async fn finalize(&self) -> Result<Action> {
         if !self.cleanup().await? {
             // Busy runners finish and go, idle ones are already being deleted: each deletion is an event of

@@ -632,12 +632,17 @@ impl World {
     pub async fn rendered_left(&self) -> Result<Vec<String>> {
         let mut left = Vec::new();
         for object in &self.rendered {
-            let (api, name) = self.dynamic_api(object).await?;
-            if api.get_opt(&name).await?.is_some() {
+            if self.rendered_now(object).await?.is_some() {
                 left.push(describe(object));
             }
         }
         Ok(left)
+    }
+
+    /// Rendered `object` as the API server has it now; `None` once it is gone.
+    async fn rendered_now(&self, object: &Value) -> Result<Option<DynamicObject>> {
+        let (api, name) = self.dynamic_api(object).await?;
+        Ok(api.get_opt(&name).await?)
     }
 
     async fn dynamic_api(&self, object: &Value) -> Result<(Api<DynamicObject>, String)> {
@@ -752,11 +757,7 @@ impl World {
     async fn rendered_diagnostics(&self) -> String {
         let mut out = String::new();
         for object in &self.rendered {
-            let found = match self.dynamic_api(object).await {
-                Ok((api, name)) => api.get_opt(&name).await.map_err(Error::from),
-                Err(error) => Err(error),
-            };
-            match found {
+            match self.rendered_now(object).await {
                 Ok(Some(found)) => out.push_str(&format!(
                     "{}: deleting {:?}, finalizers {:?}\n",
                     describe(object),
